@@ -1,0 +1,3 @@
+//! rosbag2 bags without ROS: reading MCAP and sqlite3 storage, writing MCAP.
+
+pub mod sample;

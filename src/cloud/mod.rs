@@ -1,0 +1,324 @@
+//! PointCloud2 in and out: CDR decoding without copying the point blob, gathering any field layout
+//! into a float32 structure-of-arrays [`Cloud`], and encoding clouds back into PointCloud2.
+
+pub mod cdr;
+mod layout;
+
+use std::borrow::Cow;
+
+pub use cdr::{CdrReader, CdrWriter};
+pub use layout::{gather, Gathered, PointLayout};
+
+/// ROS message type names, as rosbag2 and the ROS graph spell them.
+pub const POINTCLOUD2_TYPE: &str = "sensor_msgs/msg/PointCloud2";
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CloudError {
+    #[error("message truncated while reading {what}: needs {need} bytes, has {have}")]
+    Truncated { what: &'static str, need: usize, have: usize },
+    #[error("unsupported CDR encapsulation 0x{0:04x} (expected 0x0000 CDR_BE or 0x0001 CDR_LE)")]
+    BadEncapsulation(u16),
+    #[error("{what} is not valid UTF-8")]
+    BadString { what: &'static str },
+    #[error("size overflow computing {what}")]
+    Overflow { what: &'static str },
+    #[error("PointCloud2 has no field '{0}'")]
+    MissingField(&'static str),
+    #[error("field '{name}' has unknown datatype {datatype} (expected 1..=8, INT8..FLOAT64)")]
+    UnknownDatatype { name: String, datatype: u8 },
+    #[error("field '{name}' (offset {offset}, {size} bytes) ends past point_step {point_step}")]
+    FieldPastPointStep { name: String, offset: u32, size: u32, point_step: u32 },
+    #[error("field '{name}' has count 0")]
+    ZeroCount { name: String },
+    #[error("point_step is 0 but the cloud has {points} points")]
+    ZeroPointStep { points: u64 },
+    #[error("row_step {row_step} is smaller than width {width} x point_step {point_step}")]
+    RowStepTooSmall { row_step: u32, width: u32, point_step: u32 },
+    #[error("data has {data_len} bytes, shorter than row_step {row_step} x height {height} = {need}")]
+    DataTooShort { data_len: usize, row_step: u32, height: u32, need: u64 },
+}
+
+/// PointField.datatype values (sensor_msgs/PointField constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Datatype {
+    Int8 = 1,
+    Uint8 = 2,
+    Int16 = 3,
+    Uint16 = 4,
+    Int32 = 5,
+    Uint32 = 6,
+    Float32 = 7,
+    Float64 = 8,
+}
+
+impl Datatype {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        use Datatype::*;
+        Some(match v {
+            1 => Int8,
+            2 => Uint8,
+            3 => Int16,
+            4 => Uint16,
+            5 => Int32,
+            6 => Uint32,
+            7 => Float32,
+            8 => Float64,
+            _ => return None,
+        })
+    }
+
+    pub fn size(self) -> u32 {
+        use Datatype::*;
+        match self {
+            Int8 | Uint8 => 1,
+            Int16 | Uint16 => 2,
+            Int32 | Uint32 | Float32 => 4,
+            Float64 => 8,
+        }
+    }
+}
+
+/// sensor_msgs/PointField. `datatype` stays the raw byte so that an unknown value can be reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PointField {
+    pub name: String,
+    pub offset: u32,
+    pub datatype: u8,
+    pub count: u32,
+}
+
+impl PointField {
+    pub fn new(name: &str, offset: u32, datatype: Datatype) -> Self {
+        Self { name: name.to_string(), offset, datatype: datatype as u8, count: 1 }
+    }
+}
+
+/// std_msgs/Header.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Header {
+    pub stamp_sec: i32,
+    pub stamp_nanosec: u32,
+    pub frame_id: String,
+}
+
+impl Header {
+    pub fn read(r: &mut CdrReader<'_>) -> Result<Self, CloudError> {
+        Ok(Self {
+            stamp_sec: r.i32("header.stamp.sec")?,
+            stamp_nanosec: r.u32("header.stamp.nanosec")?,
+            frame_id: r.string("header.frame_id")?,
+        })
+    }
+
+    pub fn write(&self, w: &mut CdrWriter) {
+        w.i32(self.stamp_sec);
+        w.u32(self.stamp_nanosec);
+        w.string(&self.frame_id);
+    }
+
+    /// Stamp in nanoseconds, used as the log time of bag records.
+    pub fn stamp_ns(&self) -> u64 {
+        (self.stamp_sec.max(0) as u64) * 1_000_000_000 + self.stamp_nanosec as u64
+    }
+}
+
+/// sensor_msgs/PointCloud2. `data` borrows from the CDR buffer when decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PointCloud2<'a> {
+    pub header: Header,
+    pub height: u32,
+    pub width: u32,
+    pub fields: Vec<PointField>,
+    pub is_bigendian: bool,
+    pub point_step: u32,
+    pub row_step: u32,
+    pub data: Cow<'a, [u8]>,
+    pub is_dense: bool,
+}
+
+impl<'a> PointCloud2<'a> {
+    /// Decodes CDR bytes; the point blob is borrowed, not copied.
+    pub fn from_cdr(bytes: &'a [u8]) -> Result<Self, CloudError> {
+        let mut r = CdrReader::new(bytes)?;
+        let header = Header::read(&mut r)?;
+        let height = r.u32("height")?;
+        let width = r.u32("width")?;
+        // A PointField takes at least 4 (name length) + 4 + 1 + 4 bytes.
+        let n_fields = r.seq_len("fields", 13)?;
+        let mut fields = Vec::with_capacity(n_fields);
+        for _ in 0..n_fields {
+            fields.push(PointField {
+                name: r.string("fields[].name")?,
+                offset: r.u32("fields[].offset")?,
+                datatype: r.u8("fields[].datatype")?,
+                count: r.u32("fields[].count")?,
+            });
+        }
+        let is_bigendian = r.bool("is_bigendian")?;
+        let point_step = r.u32("point_step")?;
+        let row_step = r.u32("row_step")?;
+        let data = r.byte_seq("data")?;
+        let is_dense = r.bool("is_dense")?;
+        Ok(Self {
+            header,
+            height,
+            width,
+            fields,
+            is_bigendian,
+            point_step,
+            row_step,
+            data: Cow::Borrowed(data),
+            is_dense,
+        })
+    }
+
+    /// Encodes as little-endian CDR (the layout of the point blob is whatever `data` holds).
+    pub fn to_cdr(&self) -> Vec<u8> {
+        let mut w = CdrWriter::new();
+        self.header.write(&mut w);
+        w.u32(self.height);
+        w.u32(self.width);
+        w.u32(self.fields.len() as u32);
+        for f in &self.fields {
+            w.string(&f.name);
+            w.u32(f.offset);
+            w.u8(f.datatype);
+            w.u32(f.count);
+        }
+        w.bool(self.is_bigendian);
+        w.u32(self.point_step);
+        w.u32(self.row_step);
+        w.byte_seq(&self.data);
+        w.bool(self.is_dense);
+        w.finish()
+    }
+
+    pub fn num_points(&self) -> u64 {
+        self.height as u64 * self.width as u64
+    }
+
+    /// Builds an unorganized (height 1) message holding `cloud` in `layout`.
+    pub fn from_cloud(header: Header, cloud: &Cloud, layout: &PointLayout) -> PointCloud2<'static> {
+        let data = layout.encode(cloud);
+        PointCloud2 {
+            header,
+            height: 1,
+            width: cloud.len() as u32,
+            fields: layout.fields.clone(),
+            is_bigendian: layout.big_endian,
+            point_step: layout.point_step,
+            row_step: layout.point_step * cloud.len() as u32,
+            data: Cow::Owned(data),
+            is_dense: true,
+        }
+    }
+}
+
+/// Field names accepted as intensity, in order of preference.
+pub const INTENSITY_NAMES: [&str; 3] = ["intensity", "reflectivity", "i"];
+/// Field names accepted as the per-point time offset, in order of preference.
+pub const TIME_NAMES: [&str; 3] = ["t", "time", "timestamp"];
+
+/// A float32 structure-of-arrays cloud. Channels 0, 1, 2 are always x, y, z; the rest keep the
+/// names of the PointCloud2 fields they came from (intensity, ring, t, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cloud {
+    names: Vec<String>,
+    columns: Vec<Vec<f32>>,
+}
+
+impl Default for Cloud {
+    fn default() -> Self {
+        Self::from_xyz(Vec::new(), Vec::new(), Vec::new())
+    }
+}
+
+impl Cloud {
+    pub fn from_xyz(x: Vec<f32>, y: Vec<f32>, z: Vec<f32>) -> Self {
+        assert!(x.len() == y.len() && y.len() == z.len(), "x, y, z lengths differ");
+        Self { names: vec!["x".into(), "y".into(), "z".into()], columns: vec![x, y, z] }
+    }
+
+    /// Builds a cloud from interleaved `[x, y, z]` points.
+    pub fn from_points(points: &[[f32; 3]]) -> Self {
+        Self::from_xyz(
+            points.iter().map(|p| p[0]).collect(),
+            points.iter().map(|p| p[1]).collect(),
+            points.iter().map(|p| p[2]).collect(),
+        )
+    }
+
+    /// Adds a channel; panics when its length differs from the cloud's (a programming error).
+    pub fn with_channel(mut self, name: &str, values: Vec<f32>) -> Self {
+        assert_eq!(values.len(), self.len(), "channel '{name}' length");
+        self.names.push(name.to_string());
+        self.columns.push(values);
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.columns[0].len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn x(&self) -> &[f32] {
+        &self.columns[0]
+    }
+    pub fn y(&self) -> &[f32] {
+        &self.columns[1]
+    }
+    pub fn z(&self) -> &[f32] {
+        &self.columns[2]
+    }
+    pub fn point(&self, i: usize) -> [f32; 3] {
+        [self.columns[0][i], self.columns[1][i], self.columns[2][i]]
+    }
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+    pub fn columns(&self) -> &[Vec<f32>] {
+        &self.columns
+    }
+    pub fn num_channels(&self) -> usize {
+        self.columns.len()
+    }
+    pub fn channel(&self, name: &str) -> Option<&[f32]> {
+        self.names.iter().position(|n| n == name).map(|i| self.columns[i].as_slice())
+    }
+    /// Intensity under any of its usual names.
+    pub fn intensity(&self) -> Option<&[f32]> {
+        INTENSITY_NAMES.iter().find_map(|n| self.channel(n))
+    }
+    /// Per-point time offset under any of its usual names.
+    pub fn time(&self) -> Option<&[f32]> {
+        TIME_NAMES.iter().find_map(|n| self.channel(n))
+    }
+
+    /// The points at `indices`, in that order, with every channel.
+    pub fn select(&self, indices: &[usize]) -> Cloud {
+        Cloud {
+            names: self.names.clone(),
+            columns: self.columns.iter().map(|c| indices.iter().map(|&i| c[i]).collect()).collect(),
+        }
+    }
+
+    /// x, y, z plus the named channels, in that order; `None` names a missing channel.
+    pub fn with_features(&self, features: &[String]) -> Result<Cloud, String> {
+        let mut out = Cloud::from_xyz(self.x().to_vec(), self.y().to_vec(), self.z().to_vec());
+        for f in features {
+            let values = if f == "intensity" { self.intensity() } else { self.channel(f) };
+            let values = values.ok_or_else(|| f.clone())?;
+            out = out.with_channel(f, values.to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Decodes CDR PointCloud2 bytes and gathers them (see [`gather`]).
+    pub fn from_cdr(bytes: &[u8]) -> Result<(Header, Gathered), CloudError> {
+        let msg = PointCloud2::from_cdr(bytes)?;
+        let gathered = gather(&msg)?;
+        Ok((msg.header, gathered))
+    }
+}
