@@ -7,7 +7,7 @@ mod layout;
 use std::borrow::Cow;
 
 pub use cdr::{CdrReader, CdrWriter};
-pub use layout::{gather, Gathered, PointLayout};
+pub use layout::{gather, validate, Gathered, PointLayout};
 
 /// ROS message type names, as rosbag2 and the ROS graph spell them.
 pub const POINTCLOUD2_TYPE: &str = "sensor_msgs/msg/PointCloud2";

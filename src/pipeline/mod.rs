@@ -1,1 +1,276 @@
-//! placeholder
+//! The per-frame pipeline shared by `replay` and the ROS nodes: decode a PointCloud2, run the
+//! configured stages, and turn their results into output messages.
+
+pub mod config;
+pub mod outputs;
+pub mod stats;
+
+pub use config::{ConfigError, NeighborMode, PipelineConfig, VoxelMode};
+pub use stats::{LatencySamples, PipelineStats};
+
+use crate::cloud::{gather, validate, Cloud, CloudError, Gathered, Header, PointCloud2, PointLayout};
+use crate::ops::fps::{farthest_point_sample, FpsOutput};
+use crate::ops::neighbors::{ball_query, knn};
+use crate::ops::nms::{nms, NmsOutput};
+use crate::ops::voxel::{voxel_grid_downsample, voxelize_dynamic, voxelize_hard, DynamicVoxels, HardVoxels};
+use crate::ops::ParamError;
+use std::time::{Duration, Instant};
+
+/// Topics of the outputs, relative to the output namespace.
+pub const VOXELS_TOPIC: &str = "voxels";
+pub const DOWNSAMPLED_TOPIC: &str = "downsampled";
+pub const SAMPLES_TOPIC: &str = "samples";
+pub const NEIGHBORHOODS_TOPIC: &str = "neighborhoods";
+pub const BOXES_TOPIC: &str = "boxes";
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("malformed PointCloud2: {0}")]
+    Malformed(#[from] CloudError),
+    #[error("cloud has no channel '{0}' listed in `features`")]
+    MissingFeature(String),
+    #[error("{0}")]
+    BadBoxes(String),
+    #[error(transparent)]
+    Param(#[from] ParamError),
+}
+
+/// Voxelization result of either mode.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Voxels {
+    Hard(HardVoxels),
+    Dynamic(DynamicVoxels),
+}
+
+/// Neighbour indices around the FPS samples: `indices` is [queries, width], -1 padded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Neighborhoods {
+    pub indices: Vec<i32>,
+    pub width: usize,
+}
+
+/// Everything one frame produced.
+#[derive(Debug, Clone)]
+pub struct FrameOutput {
+    pub header: Header,
+    pub layout: PointLayout,
+    pub input: Gathered,
+    pub voxels: Option<Voxels>,
+    pub downsampled: Option<Cloud>,
+    pub samples: Option<FpsOutput>,
+    pub neighborhoods: Option<Neighborhoods>,
+    pub timings: Vec<(&'static str, Duration)>,
+}
+
+/// Runs `f`, recording its wall time under `stage` inside a tracing span.
+fn timed<T>(timings: &mut Vec<(&'static str, Duration)>, stage: &'static str, f: impl FnOnce() -> T) -> T {
+    let _span = tracing::debug_span!("stage", name = stage).entered();
+    let t = Instant::now();
+    let out = f();
+    timings.push((stage, t.elapsed()));
+    out
+}
+
+impl Voxels {
+    pub fn len(&self) -> usize {
+        match self {
+            Voxels::Hard(v) => v.num_points.len(),
+            Voxels::Dynamic(v) => v.num_points.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Per-voxel centroid of every feature channel: hard voxels average their valid slots (sum in
+    /// f64, slot order), dynamic voxels already carry the means.
+    pub fn centroids(&self, names: &[String]) -> Cloud {
+        let (c, means): (usize, Vec<f32>) = match self {
+            Voxels::Dynamic(v) => (names.len(), v.means.clone()),
+            Voxels::Hard(v) => {
+                let (c, p) = (v.num_channels, v.max_points);
+                let mut means = Vec::with_capacity(v.num_points.len() * c);
+                for (vi, &n) in v.num_points.iter().enumerate() {
+                    for ch in 0..c {
+                        let sum: f64 = (0..n as usize).map(|s| v.features[(vi * p + s) * c + ch] as f64).sum();
+                        means.push((sum / n.max(1) as f64) as f32);
+                    }
+                }
+                (c, means)
+            }
+        };
+        let column = |k: usize| means.iter().skip(k).step_by(c).copied().collect::<Vec<f32>>();
+        let mut cloud = Cloud::from_xyz(column(0), column(1), column(2));
+        for (k, name) in names.iter().enumerate().skip(3) {
+            cloud = cloud.with_channel(name, column(k));
+        }
+        cloud
+    }
+
+    pub fn num_points(&self) -> &[u32] {
+        match self {
+            Voxels::Hard(v) => &v.num_points,
+            Voxels::Dynamic(v) => &v.num_points,
+        }
+    }
+
+    pub fn coords(&self) -> &[[i32; 3]] {
+        match self {
+            Voxels::Hard(v) => &v.coords,
+            Voxels::Dynamic(v) => &v.voxel_coords,
+        }
+    }
+
+    pub fn dropped_out_of_range(&self) -> usize {
+        match self {
+            Voxels::Hard(v) => v.dropped_out_of_range,
+            Voxels::Dynamic(v) => v.dropped_out_of_range,
+        }
+    }
+
+    pub fn dropped_capacity(&self) -> usize {
+        match self {
+            Voxels::Hard(v) => v.dropped_point_capacity + v.dropped_voxel_capacity,
+            Voxels::Dynamic(_) => 0,
+        }
+    }
+}
+
+/// The configured stages over one CPU backend.
+pub struct Pipeline {
+    pub config: PipelineConfig,
+    pub stats: PipelineStats,
+}
+
+impl Pipeline {
+    pub fn new(config: PipelineConfig) -> Self {
+        Self { config, stats: PipelineStats::default() }
+    }
+
+    /// Decodes and processes one CDR-encoded PointCloud2. A malformed message is counted and
+    /// returned as an error; the pipeline stays usable.
+    pub fn process_cdr(&mut self, bytes: &[u8]) -> Result<FrameOutput, FrameError> {
+        self.stats.clouds_received += 1;
+        let result = self.process_inner(bytes);
+        match &result {
+            Ok(out) => {
+                self.stats.clouds_processed += 1;
+                self.stats.points_in += (out.input.cloud.len() + out.input.dropped_non_finite) as u64;
+                self.stats.points_non_finite += out.input.dropped_non_finite as u64;
+                if let Some(v) = &out.voxels {
+                    self.stats.points_out_of_range += v.dropped_out_of_range() as u64;
+                    self.stats.points_over_capacity += v.dropped_capacity() as u64;
+                }
+                let total: Duration = out.timings.iter().map(|(_, d)| *d).sum();
+                for (stage, d) in &out.timings {
+                    self.stats.record_stage(stage, *d);
+                }
+                self.stats.record_stage("total", total);
+            }
+            Err(FrameError::Malformed(_)) | Err(FrameError::MissingFeature(_)) => self.stats.malformed += 1,
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn process_inner(&self, bytes: &[u8]) -> Result<FrameOutput, FrameError> {
+        let cfg = &self.config;
+        let mut timings = Vec::new();
+        let (msg, layout, input) = timed(&mut timings, "decode", || -> Result<_, FrameError> {
+            let msg = PointCloud2::from_cdr(bytes)?;
+            let layout = validate(&msg)?;
+            let input = gather(&msg)?;
+            Ok((msg, layout, input))
+        })?;
+        let cloud = &input.cloud;
+        let voxels = if cfg.voxelize.enabled {
+            let features = cloud.with_features(&cfg.features).map_err(FrameError::MissingFeature)?;
+            Some(timed(&mut timings, "voxelize", || -> Result<_, FrameError> {
+                Ok(match cfg.voxelize.mode {
+                    VoxelMode::Hard => Voxels::Hard(voxelize_hard(&features, &cfg.voxelize.params)?),
+                    VoxelMode::Dynamic => Voxels::Dynamic(voxelize_dynamic(&features, &cfg.voxelize.params.grid)?),
+                })
+            })?)
+        } else {
+            None
+        };
+        let downsampled = if cfg.downsample.enabled {
+            Some(timed(&mut timings, "downsample", || voxel_grid_downsample(cloud, &cfg.downsample.grid))?.cloud)
+        } else {
+            None
+        };
+        let samples = if cfg.fps.enabled {
+            Some(timed(&mut timings, "fps", || farthest_point_sample(cloud, &cfg.fps.params))?)
+        } else {
+            None
+        };
+        let neighborhoods = match (&samples, cfg.neighbors.enabled) {
+            (Some(s), true) => {
+                let queries = cloud.select(&valid_indices(&s.indices));
+                Some(timed(&mut timings, "neighbors", || -> Result<_, FrameError> {
+                    Ok(match cfg.neighbors.mode {
+                        NeighborMode::Knn => {
+                            let n = knn(cloud, &queries, &cfg.neighbors.knn)?;
+                            Neighborhoods { indices: n.indices, width: n.width }
+                        }
+                        NeighborMode::BallQuery => {
+                            let b = ball_query(cloud, &queries, &cfg.neighbors.ball_query)?;
+                            Neighborhoods { indices: b.indices, width: b.width }
+                        }
+                    })
+                })?)
+            }
+            _ => None,
+        };
+        Ok(FrameOutput { header: msg.header, layout, input, voxels, downsampled, samples, neighborhoods, timings })
+    }
+
+    /// Runs NMS over one CDR-encoded PointCloud2 of box records; returns the kept boxes' message.
+    pub fn process_boxes_cdr(&mut self, bytes: &[u8]) -> Result<(Header, NmsOutput, PointCloud2<'static>), FrameError> {
+        let (header, g) = Cloud::from_cdr(bytes).inspect_err(|_| self.stats.malformed += 1)?;
+        let (boxes, scores, labels) = outputs::boxes_from_cloud(&g.cloud).map_err(|e| {
+            self.stats.malformed += 1;
+            FrameError::BadBoxes(e)
+        })?;
+        let t = Instant::now();
+        let kept = nms(&boxes, &scores, &labels, &self.config.nms.params)?;
+        self.stats.record_stage("nms", t.elapsed());
+        let pick = |k: &u32| *k as usize;
+        let msg = outputs::boxes_message(
+            &header,
+            &kept.keep.iter().map(|k| boxes[pick(k)]).collect::<Vec<_>>(),
+            &kept.keep.iter().map(|k| scores[pick(k)]).collect::<Vec<_>>(),
+            &kept.keep.iter().map(|k| labels[pick(k)]).collect::<Vec<_>>(),
+        );
+        Ok((header, kept, msg))
+    }
+}
+
+/// FPS indices without the -1 padding, as `usize`.
+pub fn valid_indices(indices: &[i32]) -> Vec<usize> {
+    indices.iter().filter(|&&i| i >= 0).map(|&i| i as usize).collect()
+}
+
+impl FrameOutput {
+    /// Every output as (topic, message), in a fixed order.
+    pub fn messages(&self, feature_names: &[String]) -> Vec<(&'static str, PointCloud2<'static>)> {
+        let h = &self.header;
+        let cloud = &self.input.cloud;
+        let mut out = Vec::new();
+        if let Some(v) = &self.voxels {
+            let mut names: Vec<String> = vec!["x".into(), "y".into(), "z".into()];
+            names.extend(feature_names.iter().cloned());
+            out.push((VOXELS_TOPIC, outputs::voxels_message(h, &v.centroids(&names), v.num_points(), v.coords())));
+        }
+        if let Some(d) = &self.downsampled {
+            out.push((DOWNSAMPLED_TOPIC, outputs::points_message(h, d, &self.layout)));
+        }
+        if let Some(s) = &self.samples {
+            out.push((SAMPLES_TOPIC, outputs::points_message(h, &cloud.select(&valid_indices(&s.indices)), &self.layout)));
+        }
+        if let Some(n) = &self.neighborhoods {
+            out.push((NEIGHBORHOODS_TOPIC, outputs::neighborhoods_message(h, cloud, &n.indices, n.width)));
+        }
+        out
+    }
+}

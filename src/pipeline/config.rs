@@ -1,0 +1,169 @@
+//! The pipeline configuration (YAML, serde_yaml). Every key has a default; unknown keys and values
+//! out of range are refused with the key's full path and the allowed range.
+
+use crate::ops::fps::FpsParams;
+use crate::ops::neighbors::{BallQueryParams, KnnParams};
+use crate::ops::nms::NmsParams;
+use crate::ops::voxel::{HardVoxelParams, VoxelGrid};
+use crate::ops::{ParamError, Validate};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config {path}: {source}")]
+    Parse { path: String, source: serde_yaml::Error },
+    #[error("config {path}: {section}.{source}")]
+    Invalid { path: String, section: &'static str, source: ParamError },
+}
+
+/// Which voxelization the `voxelize` stage runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum VoxelMode {
+    /// Fixed-capacity voxels [V, P, C] (PointPillars / mmcv hard voxelization).
+    #[default]
+    Hard,
+    /// Per-point voxel coordinates and per-voxel means (scatter mean).
+    Dynamic,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VoxelizeStage {
+    pub enabled: bool,
+    pub mode: VoxelMode,
+    #[serde(flatten)]
+    pub params: HardVoxelParams,
+}
+
+impl Default for VoxelizeStage {
+    fn default() -> Self {
+        Self { enabled: true, mode: VoxelMode::Hard, params: HardVoxelParams::default() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DownsampleStage {
+    pub enabled: bool,
+    #[serde(flatten)]
+    pub grid: VoxelGrid,
+}
+
+impl Default for DownsampleStage {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            grid: VoxelGrid { voxel_size: [0.2, 0.2, 0.2], point_cloud_range: [-100.0, -100.0, -10.0, 100.0, 100.0, 10.0] },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FpsStage {
+    pub enabled: bool,
+    #[serde(flatten)]
+    pub params: FpsParams,
+}
+
+impl Default for FpsStage {
+    fn default() -> Self {
+        Self { enabled: true, params: FpsParams { num_samples: 4096, start_index: 0 } }
+    }
+}
+
+/// Which neighbour search runs around the FPS samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NeighborMode {
+    #[default]
+    BallQuery,
+    Knn,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NeighborsStage {
+    pub enabled: bool,
+    pub mode: NeighborMode,
+    pub knn: KnnParams,
+    pub ball_query: BallQueryParams,
+}
+
+impl Default for NeighborsStage {
+    fn default() -> Self {
+        Self { enabled: true, mode: NeighborMode::BallQuery, knn: KnnParams::default(), ball_query: BallQueryParams::default() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NmsStage {
+    pub enabled: bool,
+    /// Topic of incoming box records (PointCloud2 with x y z length width height yaw score label).
+    pub boxes_topic: String,
+    #[serde(flatten)]
+    pub params: NmsParams,
+}
+
+impl Default for NmsStage {
+    fn default() -> Self {
+        Self { enabled: true, boxes_topic: "/detections/boxes".into(), params: NmsParams::default() }
+    }
+}
+
+/// The whole pipeline: which stages run and with what parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// Channels after x, y, z carried into the voxel features (`intensity` matches any of its aliases).
+    pub features: Vec<String>,
+    pub voxelize: VoxelizeStage,
+    pub downsample: DownsampleStage,
+    pub fps: FpsStage,
+    pub neighbors: NeighborsStage,
+    pub nms: NmsStage,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            features: vec!["intensity".into()],
+            voxelize: VoxelizeStage::default(),
+            downsample: DownsampleStage::default(),
+            fps: FpsStage::default(),
+            neighbors: NeighborsStage::default(),
+            nms: NmsStage::default(),
+        }
+    }
+}
+
+impl PipelineConfig {
+    pub fn from_yaml(text: &str, path: &str) -> Result<Self, ConfigError> {
+        let cfg: Self =
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_string(), source })?;
+        cfg.validate().map_err(|(section, source)| ConfigError::Invalid { path: path.to_string(), section, source })?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: p.clone(), source })?;
+        Self::from_yaml(&text, &p)
+    }
+
+    /// Validates every stage, enabled or not, so a config cannot hide a bad value behind a switch.
+    pub fn validate(&self) -> Result<(), (&'static str, ParamError)> {
+        self.voxelize.params.validate().map_err(|e| ("voxelize", e))?;
+        self.downsample.grid.validate().map_err(|e| ("downsample", e))?;
+        self.fps.params.validate().map_err(|e| ("fps", e))?;
+        self.neighbors.knn.validate().map_err(|e| ("neighbors.knn", e))?;
+        self.neighbors.ball_query.validate().map_err(|e| ("neighbors.ball_query", e))?;
+        self.nms.params.validate().map_err(|e| ("nms", e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,119 @@
+//! Per-stage latency statistics and frame counters, shared by `replay`'s summary table and the
+//! nodes' diagnostics.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Latency samples of one stage, in milliseconds.
+#[derive(Debug, Default, Clone)]
+pub struct LatencySamples {
+    samples_ms: Vec<f64>,
+}
+
+impl LatencySamples {
+    pub fn push(&mut self, d: Duration) {
+        self.samples_ms.push(d.as_secs_f64() * 1e3);
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples_ms.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples_ms.is_empty()
+    }
+
+    /// Nearest-rank percentile (q in 0..=1); `None` without samples.
+    pub fn percentile(&self, q: f64) -> Option<f64> {
+        if self.samples_ms.is_empty() {
+            return None;
+        }
+        let mut sorted = self.samples_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        Some(sorted[rank - 1])
+    }
+}
+
+/// Counters and per-stage latencies over a run.
+#[derive(Debug, Default, Clone)]
+pub struct PipelineStats {
+    pub clouds_received: u64,
+    pub clouds_processed: u64,
+    pub clouds_dropped: u64,
+    pub malformed: u64,
+    pub points_in: u64,
+    pub points_non_finite: u64,
+    pub points_out_of_range: u64,
+    pub points_over_capacity: u64,
+    pub stages: BTreeMap<&'static str, LatencySamples>,
+}
+
+impl PipelineStats {
+    pub fn record_stage(&mut self, stage: &'static str, d: Duration) {
+        self.stages.entry(stage).or_default().push(d);
+    }
+
+    /// Key/value pairs for diagnostics and logs.
+    pub fn key_values(&self) -> Vec<(String, String)> {
+        let mut kv = vec![
+            ("clouds_received".to_string(), self.clouds_received.to_string()),
+            ("clouds_processed".to_string(), self.clouds_processed.to_string()),
+            ("clouds_dropped".to_string(), self.clouds_dropped.to_string()),
+            ("malformed_messages".to_string(), self.malformed.to_string()),
+            ("points_non_finite".to_string(), self.points_non_finite.to_string()),
+            ("points_out_of_range".to_string(), self.points_out_of_range.to_string()),
+            ("points_dropped_capacity".to_string(), self.points_over_capacity.to_string()),
+        ];
+        for (stage, s) in &self.stages {
+            for (label, q) in [("p50", 0.5), ("p99", 0.99)] {
+                if let Some(v) = s.percentile(q) {
+                    kv.push((format!("{stage}_{label}_ms"), format!("{v:.3}")));
+                }
+            }
+        }
+        kv
+    }
+}
+
+/// The per-stage table printed at the end of a replay.
+impl fmt::Display for PipelineStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "| stage | frames | p50 ms | p99 ms |")?;
+        writeln!(f, "|---|---:|---:|---:|")?;
+        for (stage, s) in &self.stages {
+            let p = |q| s.percentile(q).map_or("-".to_string(), |v| format!("{v:.3}"));
+            writeln!(f, "| {stage} | {} | {} | {} |", s.len(), p(0.5), p(0.99))?;
+        }
+        write!(
+            f,
+            "clouds: {} received, {} processed, {} malformed; points: {} in, {} non-finite, {} out of range, {} over capacity",
+            self.clouds_received,
+            self.clouds_processed,
+            self.malformed,
+            self.points_in,
+            self.points_non_finite,
+            self.points_out_of_range,
+            self.points_over_capacity
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut s = LatencySamples::default();
+        assert_eq!(s.percentile(0.5), None);
+        for ms in [5u64, 1, 4, 2, 3] {
+            s.push(Duration::from_millis(ms));
+        }
+        // Sorted 1..=5: the 50th percentile by nearest rank is the 3rd value, the 99th the 5th.
+        assert_eq!(s.percentile(0.5), Some(3.0));
+        assert_eq!(s.percentile(0.99), Some(5.0));
+        assert_eq!(s.percentile(0.0), Some(1.0));
+    }
+}
