@@ -3,7 +3,7 @@
 
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::{BallQueryParams, KnnParams};
-use crate::ops::nms::NmsParams;
+use crate::ops::nms::{NmsKind, NmsParams};
 use crate::ops::voxel::{HardVoxelParams, VoxelGrid};
 use crate::ops::{ParamError, Validate};
 use serde::{Deserialize, Serialize};
@@ -112,7 +112,7 @@ pub struct NmsStage {
 
 impl Default for NmsStage {
     fn default() -> Self {
-        Self { enabled: true, boxes_topic: "/detections/boxes".into(), params: NmsParams::default() }
+        Self { enabled: true, boxes_topic: "/detections/boxes".into(), params: NmsParams::new(NmsKind::RotatedBev, 0.5) }
     }
 }
 

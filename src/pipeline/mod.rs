@@ -11,7 +11,7 @@ pub use stats::{LatencySamples, PipelineStats};
 use crate::cloud::{gather, validate, Cloud, CloudError, Gathered, Header, PointCloud2, PointLayout};
 use crate::ops::fps::{farthest_point_sample, FpsOutput};
 use crate::ops::neighbors::{ball_query, knn};
-use crate::ops::nms::{nms, NmsOutput};
+use crate::ops::nms::{nms, NmsError, NmsOutput};
 use crate::ops::voxel::{voxel_grid_downsample, voxelize_dynamic, voxelize_hard, DynamicVoxels, HardVoxels};
 use crate::ops::ParamError;
 use std::time::{Duration, Instant};
@@ -33,6 +33,8 @@ pub enum FrameError {
     BadBoxes(String),
     #[error(transparent)]
     Param(#[from] ParamError),
+    #[error(transparent)]
+    Nms(#[from] NmsError),
 }
 
 /// Voxelization result of either mode.
@@ -188,14 +190,14 @@ impl Pipeline {
             Some(timed(&mut timings, "voxelize", || -> Result<_, FrameError> {
                 Ok(match cfg.voxelize.mode {
                     VoxelMode::Hard => Voxels::Hard(voxelize_hard(&features, &cfg.voxelize.params)?),
-                    VoxelMode::Dynamic => Voxels::Dynamic(voxelize_dynamic(&features, &cfg.voxelize.params.grid)?),
+                    VoxelMode::Dynamic => Voxels::Dynamic(voxelize_dynamic(&features, &cfg.voxelize.params.grid)),
                 })
             })?)
         } else {
             None
         };
         let downsampled = if cfg.downsample.enabled {
-            Some(timed(&mut timings, "downsample", || voxel_grid_downsample(cloud, &cfg.downsample.grid))?.cloud)
+            Some(timed(&mut timings, "downsample", || voxel_grid_downsample(cloud, &cfg.downsample.grid)).cloud)
         } else {
             None
         };
