@@ -1,5 +1,8 @@
 //! The pipeline configuration (YAML, serde_yaml). Every key has a default; unknown keys and values
 //! out of range are refused with the key's full path and the allowed range.
+//!
+//! serde ignores `deny_unknown_fields` through `flatten`, so unknown keys are found by comparing
+//! the input's keys with those of the parsed config serialized back.
 
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::{BallQueryParams, KnnParams};
@@ -15,6 +18,8 @@ pub enum ConfigError {
     Read { path: String, source: std::io::Error },
     #[error("config {path}: {source}")]
     Parse { path: String, source: serde_yaml::Error },
+    #[error("config {path}: unknown key '{key}'")]
+    UnknownKey { path: String, key: String },
     #[error("config {path}: {section}.{source}")]
     Invalid { path: String, section: &'static str, source: ParamError },
 }
@@ -31,7 +36,7 @@ pub enum VoxelMode {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct VoxelizeStage {
     pub enabled: bool,
     pub mode: VoxelMode,
@@ -46,7 +51,7 @@ impl Default for VoxelizeStage {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct DownsampleStage {
     pub enabled: bool,
     #[serde(flatten)]
@@ -63,7 +68,7 @@ impl Default for DownsampleStage {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct FpsStage {
     pub enabled: bool,
     #[serde(flatten)]
@@ -101,7 +106,7 @@ impl Default for NeighborsStage {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct NmsStage {
     pub enabled: bool,
     /// Topic of incoming box records (PointCloud2 with x y z length width height yaw score label).
@@ -144,8 +149,13 @@ impl Default for PipelineConfig {
 
 impl PipelineConfig {
     pub fn from_yaml(text: &str, path: &str) -> Result<Self, ConfigError> {
-        let cfg: Self =
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_string(), source })?;
+        let parse_err = |source| ConfigError::Parse { path: path.to_string(), source };
+        let input: serde_yaml::Value = serde_yaml::from_str(text).map_err(parse_err)?;
+        let cfg: Self = serde_yaml::from_value(input.clone()).map_err(parse_err)?;
+        let known = serde_yaml::to_value(&cfg).map_err(parse_err)?;
+        if let Some(key) = first_unknown_key(&input, &known, "") {
+            return Err(ConfigError::UnknownKey { path: path.to_string(), key });
+        }
         cfg.validate().map_err(|(section, source)| ConfigError::Invalid { path: path.to_string(), section, source })?;
         Ok(cfg)
     }
@@ -166,4 +176,19 @@ impl PipelineConfig {
         self.nms.params.validate().map_err(|e| ("nms", e))?;
         Ok(())
     }
+}
+
+/// The first key path present in `input` but not in `known` (the parsed config written back).
+fn first_unknown_key(input: &serde_yaml::Value, known: &serde_yaml::Value, prefix: &str) -> Option<String> {
+    let (serde_yaml::Value::Mapping(input), serde_yaml::Value::Mapping(known)) = (input, known) else {
+        return None;
+    };
+    input.iter().find_map(|(k, v)| {
+        let name = k.as_str().map_or_else(|| format!("{k:?}"), str::to_string);
+        let path = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+        match known.get(k) {
+            None => Some(path),
+            Some(kv) => first_unknown_key(v, kv, &path),
+        }
+    })
 }
