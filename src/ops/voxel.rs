@@ -1,1 +1,613 @@
-//! (in progress)
+//! Voxelization: the voxel grid, hard (PointPillars / mmcv) voxelization, dynamic voxelization
+//! with scatter means, voxel-grid downsampling and the PointPillars point encoding.
+//!
+//! Every operator here maps points to voxels through ONE definition, [`VoxelGrid::coord`] (and
+//! [`VoxelGrid::dims`]); the CUDA kernels must use exactly that arithmetic. All float arithmetic
+//! below is IEEE-754 with round-to-nearest-even, every operation rounded separately: no fused
+//! multiply-add (in CUDA use `__fadd_rn`, `__fsub_rn`, `__fmul_rn`, `__fdiv_rn`, or compile with
+//! `--fmad=false`), no reciprocal multiply in place of a division, no `--use_fast_math`.
+//!
+//! Every operator is deterministic: the output depends only on the input values and order. Voxels
+//! are numbered in the order of the input index of their first point, and the points inside a
+//! voxel keep their input order. (The hash map used internally is never iterated.)
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use serde::{Deserialize, Serialize};
+
+use super::{ParamError, Validate};
+use crate::cloud::Cloud;
+
+/// Largest number of voxels allowed along one axis (2^20). Keeps every voxel coordinate exact in
+/// f32 and the linear voxel index `(z * dim_y + y) * dim_x + x` below 2^60 (fits u64 / i64).
+pub const MAX_GRID_DIM: i32 = 1 << 20;
+
+/// Largest `max_points_per_voxel` accepted.
+pub const MAX_POINTS_PER_VOXEL_LIMIT: u32 = 1 << 16;
+
+/// A regular 3-D voxel grid over an axis-aligned box.
+///
+/// `voxel_size = [sx, sy, sz]`, `point_cloud_range = [min_x, min_y, min_z, max_x, max_y, max_z]`.
+///
+/// Grid dimensions ([`VoxelGrid::dims`]), per axis `a` in x, y, z order, all in f32:
+/// `dim[a] = round_ties_even((max[a] - min[a]) / size[a])` as an integer (the mmcv
+/// `torch.round(grid_size)`; torch rounds half to even; CUDA `rintf`).
+///
+/// Voxel coordinate of a point `p` ([`VoxelGrid::coord`]), per axis, all in f32:
+/// `c[a] = floor((p[a] - min[a]) / size[a])` (one f32 subtraction, one true f32 division, floor).
+/// The point is in range iff `c[a] >= 0 && c[a] < dim[a]` for all three axes, compared in f32
+/// before any conversion to integer; otherwise (including NaN and infinite coordinates) it is out
+/// of range. Points exactly on an inner voxel border go to the upper voxel when the f32 quotient
+/// is exactly an integer; that the quotient can round across the border is part of the definition.
+///
+/// Defaults (PointPillars KITTI car config): voxel `[0.16, 0.16, 4]`, range
+/// `[0, -39.68, -3, 69.12, 39.68, 1]` (dims 432 x 496 x 1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VoxelGrid {
+    pub voxel_size: [f32; 3],
+    pub point_cloud_range: [f32; 6],
+}
+
+impl Default for VoxelGrid {
+    fn default() -> Self {
+        Self { voxel_size: [0.16, 0.16, 4.0], point_cloud_range: [0.0, -39.68, -3.0, 69.12, 39.68, 1.0] }
+    }
+}
+
+impl Validate for VoxelGrid {
+    /// Every `voxel_size[a]` finite and > 0; every `point_cloud_range[i]` finite;
+    /// `point_cloud_range[a + 3] > point_cloud_range[a]`; every `dims()[a]` in `1..=MAX_GRID_DIM`.
+    fn validate(&self) -> Result<(), ParamError> {
+        for (a, &s) in self.voxel_size.iter().enumerate() {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(ParamError::new(&format!("voxel_size[{a}]"), s, "finite and > 0"));
+            }
+        }
+        for (i, &r) in self.point_cloud_range.iter().enumerate() {
+            if !r.is_finite() {
+                return Err(ParamError::new(&format!("point_cloud_range[{i}]"), r, "finite"));
+            }
+        }
+        for a in 0..3 {
+            let (lo, hi) = (self.point_cloud_range[a], self.point_cloud_range[a + 3]);
+            if hi <= lo {
+                return Err(ParamError::new(
+                    &format!("point_cloud_range[{}]", a + 3),
+                    hi,
+                    &format!("> point_cloud_range[{a}] = {lo} (max must exceed min)"),
+                ));
+            }
+        }
+        for a in 0..3 {
+            let d = self.dim_f32(a);
+            if !(d >= 1.0 && d <= MAX_GRID_DIM as f32) {
+                return Err(ParamError::new(
+                    &format!("voxel_size[{a}]"),
+                    self.voxel_size[a],
+                    &format!(
+                        "round((point_cloud_range[{}] - point_cloud_range[{a}]) / voxel_size[{a}]) = {d} voxels; \
+                         must be in 1..={MAX_GRID_DIM}",
+                        a + 3
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VoxelGrid {
+    /// `round_ties_even((max[a] - min[a]) / size[a])` in f32 (may be NaN or out of range when
+    /// the grid is not valid).
+    fn dim_f32(&self, a: usize) -> f32 {
+        ((self.point_cloud_range[a + 3] - self.point_cloud_range[a]) / self.voxel_size[a]).round_ties_even()
+    }
+
+    /// Number of voxels along x, y, z (see the type's documentation). On a grid that fails
+    /// validation the values saturate (`as i32`) and may be <= 0.
+    pub fn dims(&self) -> [i32; 3] {
+        [self.dim_f32(0) as i32, self.dim_f32(1) as i32, self.dim_f32(2) as i32]
+    }
+
+    /// Voxel coordinate `[x, y, z]` of `p`, or `None` when out of range (see the type's
+    /// documentation for the exact f32 arithmetic).
+    pub fn coord(&self, p: [f32; 3]) -> Option<[i32; 3]> {
+        Indexer::new(self).coord(p)
+    }
+
+    /// Voxel centre along axis `a` (0 = x, 1 = y, 2 = z) of voxel coordinate `c`, in f32:
+    /// `(c as f32 + 0.5) * size[a] + min[a]` (three separately rounded operations, no FMA).
+    pub fn centre(&self, a: usize, c: i32) -> f32 {
+        (c as f32 + 0.5) * self.voxel_size[a] + self.point_cloud_range[a]
+    }
+}
+
+/// The grid with its dims precomputed, for the per-point loops.
+#[derive(Clone, Copy)]
+struct Indexer {
+    min: [f32; 3],
+    size: [f32; 3],
+    dim_f: [f32; 3],
+    dim: [u64; 3],
+}
+
+impl Indexer {
+    fn new(grid: &VoxelGrid) -> Self {
+        let dim_f = [grid.dim_f32(0), grid.dim_f32(1), grid.dim_f32(2)];
+        Self {
+            min: [grid.point_cloud_range[0], grid.point_cloud_range[1], grid.point_cloud_range[2]],
+            size: grid.voxel_size,
+            dim_f,
+            dim: dim_f.map(|d| if d >= 1.0 { d as u64 } else { 0 }),
+        }
+    }
+
+    #[inline]
+    fn coord(&self, p: [f32; 3]) -> Option<[i32; 3]> {
+        let mut out = [0i32; 3];
+        for a in 0..3 {
+            let c = ((p[a] - self.min[a]) / self.size[a]).floor();
+            // Written so that NaN is out of range.
+            if !(c >= 0.0 && c < self.dim_f[a]) {
+                return None;
+            }
+            out[a] = c as i32;
+        }
+        Some(out)
+    }
+
+    /// Linear index `(z * dim_y + y) * dim_x + x`; < 2^60 on a validated grid.
+    #[inline]
+    fn linear(&self, c: [i32; 3]) -> u64 {
+        (c[2] as u64 * self.dim[1] + c[1] as u64) * self.dim[0] + c[0] as u64
+    }
+}
+
+/// Deterministic hasher for u64 voxel keys (folded 64x64->128 multiply). No random state, and the
+/// map is never iterated, so it cannot affect the output order.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let m = (self.0 as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+        (m as u64) ^ ((m >> 64) as u64)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+
+fn key_map(capacity: usize) -> KeyMap {
+    KeyMap::with_capacity_and_hasher(capacity, Default::default())
+}
+
+fn zyx(c: [i32; 3]) -> [i32; 3] {
+    [c[2], c[1], c[0]]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hard voxelization
+// ---------------------------------------------------------------------------------------------
+
+/// Parameters of [`voxelize_hard`]. The grid's keys sit at the same level (`serde(flatten)`):
+/// `voxel_size`, `point_cloud_range`, `max_points_per_voxel`, `max_voxels`; missing keys take the
+/// defaults.
+///
+/// Defaults (PointPillars KITTI, test-time): the [`VoxelGrid`] default, 32 points per voxel,
+/// 40000 voxels.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+// No deny_unknown_fields here (removed for the pipeline config, which flattens this struct into
+// its `voxelize` stage and reports unknown keys itself, src/pipeline/config.rs). Consequence: a
+// HardVoxelParams parsed on its own ignores unknown keys (VoxelGrid's deny_unknown_fields does not
+// act through `flatten`); a VoxelGrid parsed on its own refuses them.
+#[serde(default)]
+pub struct HardVoxelParams {
+    #[serde(flatten)]
+    pub grid: VoxelGrid,
+    /// `P`: points kept per voxel, `1..=65536`.
+    pub max_points_per_voxel: u32,
+    /// Voxels kept, `1..=2^31 - 1`.
+    pub max_voxels: u32,
+}
+
+impl Default for HardVoxelParams {
+    fn default() -> Self {
+        Self { grid: VoxelGrid::default(), max_points_per_voxel: 32, max_voxels: 40000 }
+    }
+}
+
+impl Validate for HardVoxelParams {
+    fn validate(&self) -> Result<(), ParamError> {
+        self.grid.validate()?;
+        if !(1..=MAX_POINTS_PER_VOXEL_LIMIT).contains(&self.max_points_per_voxel) {
+            return Err(ParamError::new(
+                "max_points_per_voxel",
+                self.max_points_per_voxel,
+                &format!("1..={MAX_POINTS_PER_VOXEL_LIMIT}"),
+            ));
+        }
+        if !(1..=i32::MAX as u32).contains(&self.max_voxels) {
+            return Err(ParamError::new("max_voxels", self.max_voxels, &format!("1..={}", i32::MAX)));
+        }
+        Ok(())
+    }
+}
+
+/// Output of [`voxelize_hard`] (mmcv / PointPillars layout). `V = coords.len()`,
+/// `P = max_points`, `C = num_channels`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HardVoxels {
+    /// `[V, P, C]` row-major: `features[(v * P + s) * C + k]` is channel `k` (cloud channel order)
+    /// of the `s`-th kept point of voxel `v`; slots `s >= num_points[v]` are 0.0.
+    pub features: Vec<f32>,
+    /// `[V]` voxel coordinates as `[z, y, x]`.
+    pub coords: Vec<[i32; 3]>,
+    /// `[V]` kept points per voxel, `1..=P`.
+    pub num_points: Vec<u32>,
+    /// `C`: the cloud's channel count (x, y, z, then its other channels in cloud order).
+    pub num_channels: usize,
+    /// `P`: `max_points_per_voxel`.
+    pub max_points: usize,
+    /// Points with no voxel (see [`VoxelGrid::coord`]).
+    pub dropped_out_of_range: usize,
+    /// In-range points of a kept voxel that came after its first `P` points.
+    pub dropped_point_capacity: usize,
+    /// In-range points whose voxel was not kept (its first point came after `max_voxels` voxels
+    /// had been opened).
+    pub dropped_voxel_capacity: usize,
+}
+
+impl HardVoxels {
+    /// `V`, the number of kept voxels.
+    pub fn voxel_count(&self) -> usize {
+        self.coords.len()
+    }
+    /// The `[P, C]` block of voxel `v`.
+    pub fn voxel_features(&self, v: usize) -> &[f32] {
+        let block = self.max_points * self.num_channels;
+        &self.features[v * block..(v + 1) * block]
+    }
+    /// The `C` channels of slot `s` of voxel `v`.
+    pub fn point(&self, v: usize, s: usize) -> &[f32] {
+        let c = self.num_channels;
+        let start = (v * self.max_points + s) * c;
+        &self.features[start..start + c]
+    }
+    /// Total kept points, `sum(num_points)`. Always
+    /// `kept + dropped_out_of_range + dropped_point_capacity + dropped_voxel_capacity == N`.
+    pub fn kept_points(&self) -> usize {
+        self.num_points.iter().map(|&n| n as usize).sum()
+    }
+}
+
+/// Hard voxelization (mmcv `hard_voxelize` / PointPillars), exact semantics:
+///
+/// Walk the points in input order `i = 0..N`. Compute `c = grid.coord(point i)`; if `None`, count
+/// it in `dropped_out_of_range`. Otherwise, if `c`'s voxel is already kept with `n < P` points,
+/// copy all `C` channels of point `i` into slot `n` and increment `n`; if it is kept with `P`
+/// points, count `dropped_point_capacity`; if it is not kept yet and fewer than `max_voxels`
+/// voxels are kept, keep it as voxel `V` (next index) with point `i` in slot 0; otherwise count
+/// `dropped_voxel_capacity` (and every later point of that voxel is counted there too).
+///
+/// Hence voxels are ordered by the input index of their first point, points in a voxel keep
+/// input order, and the voxels dropped for capacity are the ones whose first point comes last.
+/// No arithmetic is done on the feature values (bit-exact copies).
+pub fn voxelize_hard(cloud: &Cloud, params: &HardVoxelParams) -> Result<HardVoxels, ParamError> {
+    params.validate()?;
+    let ix = Indexer::new(&params.grid);
+    let p = params.max_points_per_voxel as usize;
+    let max_voxels = params.max_voxels as usize;
+    let cols = cloud.columns();
+    let c = cols.len();
+    let (xs, ys, zs) = (cloud.x(), cloud.y(), cloud.z());
+    let n = cloud.len();
+
+    const NOT_KEPT: u32 = u32::MAX;
+    let mut map = key_map(n.min(max_voxels.saturating_mul(2)).min(1 << 20));
+    let mut out = HardVoxels { num_channels: c, max_points: p, ..Default::default() };
+    for i in 0..n {
+        let Some(coord) = ix.coord([xs[i], ys[i], zs[i]]) else {
+            out.dropped_out_of_range += 1;
+            continue;
+        };
+        let next = out.coords.len();
+        let v = *map.entry(ix.linear(coord)).or_insert_with(|| {
+            if next < max_voxels {
+                next as u32
+            } else {
+                NOT_KEPT
+            }
+        });
+        if v == NOT_KEPT {
+            out.dropped_voxel_capacity += 1;
+            continue;
+        }
+        let v = v as usize;
+        if v == next {
+            out.coords.push(zyx(coord));
+            out.num_points.push(0);
+            out.features.resize(out.features.len() + p * c, 0.0);
+        }
+        let slot = out.num_points[v] as usize;
+        if slot == p {
+            out.dropped_point_capacity += 1;
+            continue;
+        }
+        let row = &mut out.features[(v * p + slot) * c..(v * p + slot + 1) * c];
+        for (dst, col) in row.iter_mut().zip(cols) {
+            *dst = col[i];
+        }
+        out.num_points[v] += 1;
+    }
+    tracing::trace!(
+        voxels = out.coords.len(),
+        out_of_range = out.dropped_out_of_range,
+        point_capacity = out.dropped_point_capacity,
+        voxel_capacity = out.dropped_voxel_capacity,
+        "voxelize_hard"
+    );
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic voxelization
+// ---------------------------------------------------------------------------------------------
+
+/// Output of [`voxelize_dynamic`]. `N` points, `V = voxel_coords.len()`, `C = num_channels`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DynamicVoxels {
+    /// `[N]` voxel coordinate of each point as `[z, y, x]`, `[-1, -1, -1]` when out of range.
+    pub point_coords: Vec<[i32; 3]>,
+    /// `[N]` index of each point's voxel in `voxel_coords`, -1 when out of range.
+    pub point_voxel: Vec<i32>,
+    /// `[V]` distinct occupied voxels as `[z, y, x]`, ordered by the input index of their first
+    /// point.
+    pub voxel_coords: Vec<[i32; 3]>,
+    /// `[V]` points per voxel (>= 1).
+    pub num_points: Vec<u32>,
+    /// `[V, C]` row-major: `means[v * C + k]` is the mean of channel `k` over the voxel's points.
+    pub means: Vec<f32>,
+    /// `C`: the cloud's channel count.
+    pub num_channels: usize,
+    /// Points with no voxel.
+    pub dropped_out_of_range: usize,
+}
+
+impl DynamicVoxels {
+    /// `V`, the number of occupied voxels.
+    pub fn voxel_count(&self) -> usize {
+        self.voxel_coords.len()
+    }
+    /// The `C` channel means of voxel `v`.
+    pub fn mean(&self, v: usize) -> &[f32] {
+        &self.means[v * self.num_channels..(v + 1) * self.num_channels]
+    }
+}
+
+/// Dynamic voxelization (no capacity limits) with a scatter mean of every channel. Exact
+/// semantics:
+///
+/// - `point_coords[i]` = `grid.coord(point i)` as `[z, y, x]`, or `[-1, -1, -1]`;
+///   `point_voxel[i]` = index of that voxel, or -1.
+/// - Voxels are numbered in the order of the input index of their first point.
+/// - `means[v * C + k]`: `sum = 0.0f64`, then for the voxel's points in increasing input index
+///   `sum += value as f64` (f64 additions, each rounded), then `(sum / count as f64) as f32`
+///   (one f64 division, one round-to-nearest-even conversion to f32). NaN or infinite channel
+///   values propagate into their voxel's mean.
+///
+/// # Panics
+/// When `grid` fails [`Validate::validate`] (a programming error: configs are validated when
+/// they load).
+pub fn voxelize_dynamic(cloud: &Cloud, grid: &VoxelGrid) -> DynamicVoxels {
+    if let Err(e) = grid.validate() {
+        panic!("voxelize_dynamic: {e}");
+    }
+    let ix = Indexer::new(grid);
+    let (xs, ys, zs) = (cloud.x(), cloud.y(), cloud.z());
+    let n = cloud.len();
+    let cols = cloud.columns();
+    let c = cols.len();
+
+    let mut out = DynamicVoxels {
+        point_coords: Vec::with_capacity(n),
+        point_voxel: Vec::with_capacity(n),
+        num_channels: c,
+        ..Default::default()
+    };
+    let mut map = key_map(n.min(1 << 20));
+    for i in 0..n {
+        let Some(coord) = ix.coord([xs[i], ys[i], zs[i]]) else {
+            out.dropped_out_of_range += 1;
+            out.point_coords.push([-1, -1, -1]);
+            out.point_voxel.push(-1);
+            continue;
+        };
+        let next = out.voxel_coords.len() as u32;
+        let v = *map.entry(ix.linear(coord)).or_insert(next);
+        if v == next {
+            out.voxel_coords.push(zyx(coord));
+            out.num_points.push(0);
+        }
+        out.num_points[v as usize] += 1;
+        out.point_coords.push(zyx(coord));
+        out.point_voxel.push(v as i32);
+    }
+
+    // f64 sums per voxel and channel, points in input order (a column at a time: the order of
+    // additions into any one sum is still increasing input index).
+    let nv = out.voxel_coords.len();
+    let mut sums = vec![0.0f64; nv * c];
+    for (k, col) in cols.iter().enumerate() {
+        for (&v, &val) in out.point_voxel.iter().zip(col) {
+            if v >= 0 {
+                sums[v as usize * c + k] += val as f64;
+            }
+        }
+    }
+    out.means = sums
+        .iter()
+        .enumerate()
+        .map(|(j, &s)| (s / out.num_points[j / c] as f64) as f32)
+        .collect();
+    tracing::trace!(voxels = nv, out_of_range = out.dropped_out_of_range, "voxelize_dynamic");
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Voxel-grid downsampling
+// ---------------------------------------------------------------------------------------------
+
+/// Output of [`voxel_grid_downsample`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Downsampled {
+    /// One point per occupied voxel, same channel names and order as the input cloud.
+    pub cloud: Cloud,
+    /// Input points with no voxel (not represented in `cloud`).
+    pub dropped_out_of_range: usize,
+}
+
+/// Voxel-grid downsampling (PCL `VoxelGrid` semantics: one point per occupied voxel, the centroid
+/// of x, y, z and the mean of every other channel). Exactly [`voxelize_dynamic`]'s `means`: output
+/// point `v` has channel `k` = `means[v * C + k]`, points in the order of the voxels (input index
+/// of their first point). Differences from PCL: the voxel is this crate's [`VoxelGrid::coord`]
+/// (a bounded grid, true division, not PCL's reciprocal multiply from an unbounded origin), the
+/// means are accumulated in f64, and the output is in first-point order, not sorted by voxel index.
+///
+/// # Panics
+/// When `grid` fails validation (see [`voxelize_dynamic`]).
+pub fn voxel_grid_downsample(cloud: &Cloud, grid: &VoxelGrid) -> Downsampled {
+    let dv = voxelize_dynamic(cloud, grid);
+    let c = dv.num_channels;
+    let column = |k: usize| -> Vec<f32> { dv.means.iter().skip(k).step_by(c).copied().collect() };
+    let mut out = Cloud::from_xyz(column(0), column(1), column(2));
+    for (k, name) in cloud.names().iter().enumerate().skip(3) {
+        out = out.with_channel(name, column(k));
+    }
+    Downsampled { cloud: out, dropped_out_of_range: dv.dropped_out_of_range }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PointPillars point encoding
+// ---------------------------------------------------------------------------------------------
+
+/// Output of [`pillar_features`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PillarFeatures {
+    /// `[V, P, num_channels]` row-major, same `V` and `P` as the input voxels; padding slots 0.0.
+    pub features: Vec<f32>,
+    /// 9, or 10 with range.
+    pub num_channels: usize,
+    /// `P`, the input's `max_points`.
+    pub max_points: usize,
+}
+
+/// PointPillars (mmdet3d `PillarFeatureNet`) point decoration of hard voxels whose channels 0..4
+/// are x, y, z, intensity (channels past the 4th are ignored). For voxel `v` with
+/// `n = num_points[v]` points and coordinate `[cz, cy, cx]`, every slot `s < n` holding
+/// `x, y, z, i` gets, all in f32 with every operation rounded separately (no FMA):
+///
+/// `[x, y, z, i, x - mx, y - my, z - mz, x - ox, y - oy]` and, when `with_range`,
+/// `sqrt((x * x + y * y) + z * z)` as a 10th channel (correctly rounded sqrt),
+///
+/// where `mx = (((0 + x_0) + x_1) + ... + x_{n-1}) / (n as f32)` (f32 sum over slots 0..n in slot
+/// order, then one f32 division; likewise `my`, `mz`), and `ox = (cx as f32 + 0.5) * size_x + min_x`,
+/// `oy = (cy as f32 + 0.5) * size_y + min_y` ([`VoxelGrid::centre`]). Slots `s >= n` are all 0.0.
+///
+/// `grid` must be the grid the voxels were built with. Differs from mmdet3d's arithmetic (which
+/// uses `cx * size_x + (size_x / 2 + min_x)` and `torch.norm`) only in rounding.
+///
+/// Errors: `grid` invalid, `voxels.num_channels < 4` (key `voxels.num_channels`), or inconsistent
+/// shapes (key `voxels.features`, `voxels.num_points`).
+pub fn pillar_features(voxels: &HardVoxels, grid: &VoxelGrid, with_range: bool) -> Result<PillarFeatures, ParamError> {
+    grid.validate()?;
+    let c = voxels.num_channels;
+    if c < 4 {
+        return Err(ParamError::new("voxels.num_channels", c, ">= 4 (x, y, z, intensity)"));
+    }
+    let p = voxels.max_points;
+    let nv = voxels.coords.len();
+    if voxels.num_points.len() != nv {
+        return Err(ParamError::new("voxels.num_points", voxels.num_points.len(), &format!("length = coords length {nv}")));
+    }
+    if voxels.features.len() != nv * p * c {
+        return Err(ParamError::new(
+            "voxels.features",
+            voxels.features.len(),
+            &format!("length = V * P * C = {nv} * {p} * {c}"),
+        ));
+    }
+    if let Some(&bad) = voxels.num_points.iter().find(|&&n| n as usize > p) {
+        return Err(ParamError::new("voxels.num_points", bad, &format!("<= max_points {p}")));
+    }
+    let oc = if with_range { 10 } else { 9 };
+    let mut features = vec![0.0f32; nv * p * oc];
+    for v in 0..nv {
+        let n = voxels.num_points[v] as usize;
+        let block = &voxels.features[v * p * c..(v + 1) * p * c];
+        let mut sum = [0.0f32; 3];
+        for s in 0..n {
+            for a in 0..3 {
+                sum[a] += block[s * c + a];
+            }
+        }
+        let nf = n as f32;
+        let mean = sum.map(|t| t / nf);
+        let [_, cy, cx] = voxels.coords[v];
+        let ox = grid.centre(0, cx);
+        let oy = grid.centre(1, cy);
+        for s in 0..n {
+            let (x, y, z, i) = (block[s * c], block[s * c + 1], block[s * c + 2], block[s * c + 3]);
+            let dst = &mut features[(v * p + s) * oc..(v * p + s + 1) * oc];
+            dst[..9].copy_from_slice(&[x, y, z, i, x - mean[0], y - mean[1], z - mean[2], x - ox, y - oy]);
+            if with_range {
+                dst[9] = (x * x + y * y + z * z).sqrt();
+            }
+        }
+    }
+    Ok(PillarFeatures { features, num_channels: oc, max_points: p })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_grid_dims() {
+        let g = VoxelGrid::default();
+        g.validate().unwrap();
+        assert_eq!(g.dims(), [432, 496, 1]);
+    }
+
+    #[test]
+    fn hasher_is_deterministic_and_spreads() {
+        let h = |k: u64| {
+            let mut s = KeyHasher::default();
+            s.write_u64(k);
+            s.finish()
+        };
+        assert_eq!(h(12345), h(12345));
+        assert_ne!(h(1), h(2));
+        // Low bits differ for consecutive keys (hashbrown takes the bucket from the low bits).
+        assert_ne!(h(1) & 0xffff, h(2) & 0xffff);
+    }
+
+    #[test]
+    fn nan_and_inf_are_out_of_range() {
+        let g = VoxelGrid::default();
+        assert_eq!(g.coord([f32::NAN, 0.0, 0.0]), None);
+        assert_eq!(g.coord([f32::INFINITY, 0.0, 0.0]), None);
+        assert_eq!(g.coord([f32::NEG_INFINITY, 0.0, 0.0]), None);
+        // Quotients 0.5, 248.5, 0.5: far from any border, so the floor is unambiguous.
+        assert_eq!(g.coord([0.08, 0.08, -1.0]), Some([0, 248, 0]));
+    }
+}
