@@ -7,5 +7,8 @@
 
 pub mod bag;
 pub mod cloud;
+pub mod gpu;
 pub mod ops;
 pub mod pipeline;
+pub mod replay;
+#[cfg(feature = "ros")] pub mod ros;

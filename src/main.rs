@@ -1,1 +1,132 @@
-fn main() {}
+//! The `lidar-kernels` command line: replay bags through the pipeline, build the sample bag, and
+//! check the CUDA kernels.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use lidar_kernels::bag::sample;
+use lidar_kernels::gpu::BackendKind;
+use lidar_kernels::pipeline::PipelineConfig;
+use lidar_kernels::replay::{replay, ReplayOptions};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "lidar-kernels", version, about = "Deterministic lidar kernels: replay, checks and benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every PointCloud2 of a bag through the pipeline; without BAG, the bundled Ouster sample.
+    Replay {
+        /// rosbag2 bag: a .mcap or .db3 file, or a bag folder with metadata.yaml.
+        bag: Option<PathBuf>,
+        /// PointCloud2 topic (default: the bag's only PointCloud2 topic).
+        #[arg(long)]
+        topic: Option<String>,
+        /// Pipeline configuration (YAML); default: built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendArg,
+        /// Write every output topic here: a .mcap file, or a bag folder for any other name.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// No per-frame lines, only the summary.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Write the bundled sample bag (real Ouster scans, ouster-ros 48-byte points) into DIR.
+    Sample {
+        #[arg(default_value = "target/sample")]
+        dir: PathBuf,
+    },
+    /// Compile every CUDA kernel with every target profile for sm_72, sm_87 and sm_90 (NVRTC only, no GPU).
+    NvrtcCheck,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BackendArg {
+    Auto,
+    Cuda,
+    Cpu,
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(b: BackendArg) -> Self {
+        match b {
+            BackendArg::Auto => BackendKind::Auto,
+            BackendArg::Cuda => BackendKind::Cuda,
+            BackendArg::Cpu => BackendKind::Cpu,
+        }
+    }
+}
+
+/// The sample bag, built on first use next to the crate's build output.
+fn sample_bag() -> Result<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sample");
+    let bag = dir.join(sample::SAMPLE_BAG_NAME);
+    if bag.join("metadata.yaml").exists() {
+        return Ok(bag);
+    }
+    sample::write_sample_bag(&dir).context("building the sample bag")
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Replay { bag, topic, config, backend, out, quiet } => {
+            let config = match config {
+                Some(path) => PipelineConfig::load(&path)?,
+                None => PipelineConfig::default(),
+            };
+            if matches!(backend, BackendArg::Cuda) {
+                bail!("--backend cuda: the replay pipeline runs on the CPU backend in this version");
+            }
+            let _ = BackendKind::from(backend);
+            let bag = match bag {
+                Some(b) => b,
+                None => sample_bag()?,
+            };
+            let summary = replay(&ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet }, config)?;
+            println!("\nreplayed {} frames of {} from {} (backend cpu)", summary.frames, summary.topic, bag.display());
+            if summary.box_frames > 0 {
+                println!("nms over {} box messages", summary.box_frames);
+            }
+            if summary.skipped > 0 {
+                println!("skipped {} messages (see the lines above)", summary.skipped);
+            }
+            println!("{}", summary.stats);
+            if let Some(out) = summary.out {
+                println!("outputs written to {}", out.display());
+            }
+            Ok(())
+        }
+        Command::Sample { dir } => {
+            let bag = sample::write_sample_bag(&dir)?;
+            println!("{}", bag.display());
+            Ok(())
+        }
+        Command::NvrtcCheck => {
+            let report = lidar_kernels::gpu::nvrtc::nvrtc_check()?;
+            println!("{report}");
+            if !report.all_ok() {
+                bail!("{} kernel compilations failed", report.failures().count());
+            }
+            Ok(())
+        }
+    }
+}

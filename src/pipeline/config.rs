@@ -46,7 +46,9 @@ pub struct VoxelizeStage {
 
 impl Default for VoxelizeStage {
     fn default() -> Self {
-        Self { enabled: true, mode: VoxelMode::Hard, params: HardVoxelParams::default() }
+        // PointPillars-style pillars over a 360-degree scan (the W1 benchmark configuration).
+        let grid = VoxelGrid { voxel_size: [0.16, 0.16, 10.0], point_cloud_range: [-51.2, -51.2, -5.0, 51.2, 51.2, 5.0] };
+        Self { enabled: true, mode: VoxelMode::Hard, params: HardVoxelParams { grid, max_points_per_voxel: 32, max_voxels: 60000 } }
     }
 }
 

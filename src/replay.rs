@@ -1,0 +1,208 @@
+//! `lidar-kernels replay`: every PointCloud2 of a bag through the configured pipeline, outputs
+//! written to an MCAP bag with the input's stamps and frame ids.
+
+use crate::bag::{self, BagError, McapBagWriter, TopicHandle};
+use crate::cloud::POINTCLOUD2_TYPE;
+use crate::pipeline::{FrameOutput, Pipeline, PipelineConfig, PipelineStats, BOXES_TOPIC};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Namespace of the output topics.
+pub const OUTPUT_NAMESPACE: &str = "/lidar_kernels";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Bag(#[from] BagError),
+    #[error("{path}: no PointCloud2 topic in the bag (topics: {topics})")]
+    NoCloudTopic { path: String, topics: String },
+    #[error("{path}: several PointCloud2 topics ({topics}); choose one with --topic")]
+    AmbiguousTopic { path: String, topics: String },
+}
+
+/// What to replay and where to write.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    pub bag: PathBuf,
+    pub topic: Option<String>,
+    pub out: Option<PathBuf>,
+    /// Print one line per frame.
+    pub verbose_frames: bool,
+}
+
+/// Totals of a replay.
+#[derive(Debug, Clone)]
+pub struct ReplaySummary {
+    pub topic: String,
+    pub frames: u64,
+    pub skipped: u64,
+    pub box_frames: u64,
+    pub stats: PipelineStats,
+    pub out: Option<PathBuf>,
+}
+
+struct OutputBag {
+    writer: McapBagWriter,
+    topics: BTreeMap<&'static str, TopicHandle>,
+}
+
+impl OutputBag {
+    fn create(path: &Path) -> Result<Self, BagError> {
+        let writer = if path.extension().is_some_and(|e| e == "mcap") {
+            McapBagWriter::create(path)?
+        } else {
+            McapBagWriter::create_folder(path)?
+        };
+        Ok(Self { writer, topics: BTreeMap::new() })
+    }
+
+    fn write(&mut self, name: &'static str, log_time_ns: u64, cdr: &[u8]) -> Result<(), BagError> {
+        let handle = match self.topics.get(name) {
+            Some(h) => *h,
+            None => {
+                let h = self.writer.add_topic(&format!("{OUTPUT_NAMESPACE}/{name}"), POINTCLOUD2_TYPE)?;
+                self.topics.insert(name, h);
+                h
+            }
+        };
+        self.writer.write(handle, log_time_ns, cdr)
+    }
+}
+
+/// Picks the cloud topic: the one asked for, else the bag's only PointCloud2 topic.
+fn cloud_topic(reader: &bag::BagReader, asked: Option<&str>) -> Result<String, ReplayError> {
+    if let Some(t) = asked {
+        reader.require_topic_type(t, POINTCLOUD2_TYPE)?;
+        return Ok(t.to_string());
+    }
+    let path = reader.path().display().to_string();
+    let clouds: Vec<&str> =
+        reader.topics().iter().filter(|t| t.type_name == POINTCLOUD2_TYPE).map(|t| t.name.as_str()).collect();
+    match clouds.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] => Err(ReplayError::NoCloudTopic {
+            path,
+            topics: reader.topics().iter().map(|t| format!("{} ({})", t.name, t.type_name)).collect::<Vec<_>>().join(", "),
+        }),
+        many => Err(ReplayError::AmbiguousTopic { path, topics: many.join(", ") }),
+    }
+}
+
+/// Prints above the progress bar, or plainly when the bar is hidden (not a terminal).
+fn say(progress: &ProgressBar, line: String) {
+    if progress.is_hidden() {
+        println!("{line}");
+    } else {
+        progress.println(line);
+    }
+}
+
+fn frame_line(index: u64, out: &FrameOutput) -> String {
+    let mut line = format!(
+        "frame {index:>4} stamp {}.{:09} points {:>7}",
+        out.header.stamp_sec,
+        out.header.stamp_nanosec,
+        out.input.cloud.len()
+    );
+    if out.input.dropped_non_finite > 0 {
+        line += &format!(" (non-finite dropped {})", out.input.dropped_non_finite);
+    }
+    if let Some(v) = &out.voxels {
+        line += &format!(
+            " | voxels {} (out of range {}, over capacity {})",
+            v.len(),
+            v.dropped_out_of_range(),
+            v.dropped_capacity()
+        );
+    }
+    if let Some(d) = &out.downsampled {
+        line += &format!(" | downsampled {}", d.len());
+    }
+    if let Some(s) = &out.samples {
+        line += &format!(" | fps {}", s.indices.iter().filter(|&&i| i >= 0).count());
+    }
+    if let Some(n) = &out.neighborhoods {
+        let found = n.indices.iter().filter(|&&i| i >= 0).count();
+        line += &format!(" | neighbours {}x{} ({found} found)", n.indices.len() / n.width.max(1), n.width);
+    }
+    line
+}
+
+/// Replays `opts.bag` through a pipeline built from `config`.
+pub fn replay(opts: &ReplayOptions, config: PipelineConfig) -> Result<ReplaySummary, ReplayError> {
+    let reader = bag::open(&opts.bag)?;
+    let topic = cloud_topic(&reader, opts.topic.as_deref())?;
+    let boxes_topic = config.nms.enabled.then(|| config.nms.boxes_topic.clone()).filter(|t| reader.topic(t).is_some());
+    let feature_names = config.features.clone();
+    let mut pipeline = Pipeline::new(config);
+    let mut out = opts.out.as_deref().map(OutputBag::create).transpose()?;
+
+    let total = reader.topic(&topic).map_or(0, |t| t.message_count);
+    let progress = ProgressBar::new(total);
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} frames {msg}")
+            .expect("static template"),
+    );
+    let (mut frames, mut skipped, mut box_frames) = (0u64, 0u64, 0u64);
+    let _span = tracing::info_span!("replay", bag = %opts.bag.display(), topic = %topic).entered();
+    for item in reader.messages(None) {
+        let msg = match item {
+            Ok(m) => m,
+            Err(e) => {
+                // A damaged bag ends the stream; what came before it has been processed.
+                say(&progress, format!("bag read stopped: {e}"));
+                skipped += 1;
+                break;
+            }
+        };
+        if boxes_topic.as_deref() == Some(msg.topic.as_str()) {
+            match msg.expect_type(POINTCLOUD2_TYPE).map_err(|e| e.to_string()).and_then(|b| {
+                pipeline.process_boxes_cdr(b).map_err(|e| e.to_string())
+            }) {
+                Ok((header, kept, boxes)) => {
+                    box_frames += 1;
+                    if opts.verbose_frames {
+                        say(&progress, format!("boxes stamp {}.{:09} kept {} of {}", header.stamp_sec, header.stamp_nanosec, kept.keep.len(), kept.candidates));
+                    }
+                    if let Some(o) = out.as_mut() {
+                        o.write(BOXES_TOPIC, header.stamp_ns(), &boxes.to_cdr())?;
+                    }
+                }
+                Err(e) => {
+                    skipped += 1;
+                    say(&progress, format!("skipped boxes message at {} ns: {e}", msg.log_time_ns));
+                }
+            }
+            continue;
+        }
+        if msg.topic != topic {
+            continue;
+        }
+        progress.inc(1);
+        let result = msg.expect_type(POINTCLOUD2_TYPE).map_err(|e| e.to_string()).and_then(|bytes| {
+            pipeline.process_cdr(bytes).map_err(|e| e.to_string())
+        });
+        match result {
+            Ok(frame) => {
+                if opts.verbose_frames {
+                    say(&progress, frame_line(frames, &frame));
+                }
+                if let Some(o) = out.as_mut() {
+                    let stamp = frame.header.stamp_ns();
+                    for (name, m) in frame.messages(&feature_names) {
+                        o.write(name, stamp, &m.to_cdr())?;
+                    }
+                }
+                frames += 1;
+            }
+            Err(e) => {
+                skipped += 1;
+                say(&progress, format!("skipped message at {} ns on {topic}: {e}", msg.log_time_ns));
+            }
+        }
+    }
+    progress.finish_and_clear();
+    let out_path = out.map(|o| o.writer.finish()).transpose()?;
+    Ok(ReplaySummary { topic, frames, skipped, box_frames, stats: pipeline.stats, out: out_path })
+}
