@@ -1,0 +1,8 @@
+//! ROS 2 node `sampler` (feature `ros`). For now it relays its input (see `RelayStage`): the
+//! sampler stage of the pipeline is not wired yet.
+//!
+//! Run: `sampler --ros-args -r points:=/sensor/points -p reliable:=true`
+
+fn main() -> anyhow::Result<()> {
+    lidar_kernels::ros::run_node(lidar_kernels::ros::RelayStage::new("sampler"))
+}

@@ -1,0 +1,429 @@
+//! The node plumbing around a [`Stage`]:
+//!
+//! ```text
+//!  DDS --raw CDR--> r2r subscription --(executor task: push, never blocks)--> LatestQueue
+//!  LatestQueue --(processing thread)--> decode + validate --> Stage::process --> publish_raw
+//!  1 s wall timer --> /diagnostics (counters + Stage::stats), stamped with the ROS clock
+//!  spin thread: Node::spin_once; parameter services on the tokio runtime; Ctrl-C / SIGTERM: clean stop
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use futures::StreamExt;
+use r2r::{QosProfile, RosParams};
+
+use super::params::ParamTable;
+use super::queue::{LatestQueue, Pop};
+use super::ratelimit::RateLimiter;
+use super::stage::{error_kind, validate_cloud, Input, ParamSpec, Params, Stage};
+use crate::cloud::{PointCloud2, POINTCLOUD2_TYPE};
+
+/// The parameters every node declares (a stage's own come after them).
+pub fn common_params() -> Vec<ParamSpec> {
+    vec![
+        ParamSpec::bool(
+            "reliable",
+            false,
+            "Input QoS: false = sensor data (best effort), true = reliable (no cloud lost on the wire; the \
+             publisher must be reliable too).",
+        )
+        .read_only(),
+        ParamSpec::int("qos_depth", 1, 1, 100, "Input QoS history depth (keep last N).").read_only(),
+        ParamSpec::bool(
+            "output_reliable",
+            true,
+            "Output QoS reliability; reliable output reaches both reliable and best-effort subscribers.",
+        )
+        .read_only(),
+        ParamSpec::int("output_depth", 1, 1, 100, "Output QoS history depth (keep last N).").read_only(),
+        ParamSpec::int(
+            "queue_size",
+            1,
+            1,
+            64,
+            "Clouds waiting for processing; when full, the oldest waiting is dropped and counted (latest wins).",
+        ),
+        ParamSpec::double("diagnostics_period", 1.0, 0.1, 60.0, "Seconds between /diagnostics messages (wall time).")
+            .read_only(),
+        ParamSpec::double(
+            "malformed_log_period",
+            5.0,
+            0.0,
+            3600.0,
+            "Seconds between log lines about malformed clouds or stage errors; the others are counted only.",
+        ),
+        ParamSpec::bool(
+            "use_sim_time",
+            false,
+            "Take the ROS clock from /clock (diagnostics stamps); outputs keep their input's header stamp.",
+        )
+        .read_only(),
+    ]
+}
+
+/// Counters shared by the executor side, the processing thread and the diagnostics task.
+#[derive(Default)]
+pub struct NodeStats {
+    pub processed: AtomicU64,
+    pub malformed: AtomicU64,
+    pub stage_errors: AtomicU64,
+    pub publish_errors: AtomicU64,
+    pub published: AtomicU64,
+    pub points_in: AtomicU64,
+    detail: Mutex<StatsDetail>,
+}
+
+#[derive(Default)]
+struct StatsDetail {
+    malformed_by_kind: BTreeMap<&'static str, u64>,
+    last_malformed: String,
+    last_stage_error: String,
+    process_ms_last: f64,
+    process_ms_max: f64,
+    process_ms_sum: f64,
+    stage_stats: Vec<(String, String)>,
+}
+
+impl NodeStats {
+    fn detail(&self) -> std::sync::MutexGuard<'_, StatsDetail> {
+        self.detail.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Frame {
+    cdr: Vec<u8>,
+}
+
+/// Builds the /diagnostics key/values: the node's counters, then the stage's stats.
+fn diagnostic_values(stats: &NodeStats, queue: &LatestQueue<Frame>, input_qos: &str) -> Vec<(String, String)> {
+    let processed = stats.processed.load(Ordering::Relaxed);
+    let d = stats.detail();
+    let mut kv: Vec<(String, String)> = vec![
+        ("received".into(), queue.pushed().to_string()),
+        ("processed".into(), processed.to_string()),
+        ("dropped_queue_full".into(), queue.dropped().to_string()),
+        ("queue_waiting".into(), queue.len().to_string()),
+        ("queue_size".into(), queue.capacity().to_string()),
+        ("malformed".into(), stats.malformed.load(Ordering::Relaxed).to_string()),
+    ];
+    for (k, n) in &d.malformed_by_kind {
+        kv.push((format!("malformed.{k}"), n.to_string()));
+    }
+    kv.extend([
+        ("last_malformed".into(), d.last_malformed.clone()),
+        ("stage_errors".into(), stats.stage_errors.load(Ordering::Relaxed).to_string()),
+        ("last_stage_error".into(), d.last_stage_error.clone()),
+        ("published".into(), stats.published.load(Ordering::Relaxed).to_string()),
+        ("publish_errors".into(), stats.publish_errors.load(Ordering::Relaxed).to_string()),
+        ("points_in".into(), stats.points_in.load(Ordering::Relaxed).to_string()),
+        ("process_ms_last".into(), format!("{:.3}", d.process_ms_last)),
+        ("process_ms_mean".into(), format!("{:.3}", if processed > 0 { d.process_ms_sum / processed as f64 } else { 0.0 })),
+        ("process_ms_max".into(), format!("{:.3}", d.process_ms_max)),
+        ("input_qos".into(), input_qos.to_string()),
+    ]);
+    kv.extend(d.stage_stats.iter().cloned());
+    kv
+}
+
+fn qos(reliable: bool, depth: i64) -> QosProfile {
+    let mut q = if reliable { QosProfile::default() } else { QosProfile::sensor_data() };
+    q.depth = depth.max(1) as usize;
+    q
+}
+
+/// Runs `stage` as a ROS 2 node until Ctrl-C or SIGTERM. ROS arguments (`--ros-args -p name:=value
+/// -r points:=/sensor/points -r __node:=name --params-file f.yaml`) are read from the command line.
+/// Subscribes to `points` (PointCloud2, raw CDR); publishes the stage's outputs and /diagnostics.
+pub fn run_node<S: Stage>(stage: S) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ros-exec")
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let result = rt.block_on(run_async(stage));
+    rt.shutdown_timeout(Duration::from_millis(500));
+    result
+}
+
+async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
+    let ctx = r2r::Context::create().map_err(|e| anyhow!("rcl init failed: {e} (is HOME or ROS_LOG_DIR set?)"))?;
+    let mut node = r2r::Node::create(ctx, stage.name(), "").map_err(|e| anyhow!("creating node '{}': {e}", stage.name()))?;
+    let logger = node.logger().to_string();
+    let fqn = node.fully_qualified_name().unwrap_or_else(|_| stage.name().to_string());
+
+    // Parameters: common ones, then the stage's; CLI / params-file values applied and checked here.
+    let mut specs = common_params();
+    specs.extend(stage.params());
+    let table = Arc::new(Mutex::new(ParamTable::new(specs)));
+    let dyn_table: Arc<Mutex<dyn RosParams + Send>> = table.clone();
+    let (param_handler, param_events) =
+        node.make_derived_parameter_handler(dyn_table).map_err(|e| anyhow!("parameters: {e}"))?;
+    let params: Params = table.lock().unwrap().snapshot();
+    stage.configure(&params).context("stage configuration")?;
+
+    let reliable = params.bool("reliable").unwrap_or(false);
+    let depth = params.int("qos_depth").unwrap_or(1);
+    let input_qos = format!("{}, keep last {depth}", if reliable { "reliable" } else { "best effort" });
+    let input_topic = stage.input_topic().to_string();
+    let sub = node
+        .subscribe_raw(&input_topic, POINTCLOUD2_TYPE, qos(reliable, depth))
+        .map_err(|e| anyhow!("subscribing to '{input_topic}': {e}"))?;
+
+    let out_qos = qos(params.bool("output_reliable").unwrap_or(true), params.int("output_depth").unwrap_or(1));
+    let mut publishers = HashMap::new();
+    for o in stage.outputs() {
+        let p = node
+            .create_publisher_untyped(&o.topic, &o.type_name, out_qos.clone())
+            .map_err(|e| anyhow!("publisher '{}' ({}): {e}", o.topic, o.type_name))?;
+        publishers.insert(o.topic.clone(), p);
+    }
+    let diag_pub = node
+        .create_publisher::<r2r::diagnostic_msgs::msg::DiagnosticArray>("/diagnostics", QosProfile::default())
+        .map_err(|e| anyhow!("/diagnostics publisher: {e}"))?;
+    let ros_clock = node.get_ros_clock();
+
+    r2r::log_info!(
+        &logger,
+        "{fqn}: input '{input_topic}' ({input_qos}), outputs {:?}, queue_size {}",
+        publishers.keys().collect::<Vec<_>>(),
+        params.int("queue_size").unwrap_or(1)
+    );
+
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let queue = Arc::new(LatestQueue::<Frame>::new(params.int("queue_size").unwrap_or(1) as usize));
+    let stats = Arc::new(NodeStats::default());
+
+    // Spin thread: the only place that touches the node from now on.
+    let node = Arc::new(Mutex::new(node));
+    let spin = {
+        let (node, shutdown) = (node.clone(), shutdown.clone());
+        std::thread::Builder::new().name("ros-spin".into()).spawn(move || {
+            while !shutdown.load(Ordering::Relaxed) {
+                node.lock().unwrap().spin_once(Duration::from_millis(20));
+            }
+        })?
+    };
+
+    tokio::spawn(param_handler);
+    {
+        let logger = logger.clone();
+        tokio::spawn(param_events.for_each(move |(name, value)| {
+            r2r::log_info!(&logger, "parameter {name} := {value:?}");
+            futures::future::ready(())
+        }));
+    }
+
+    // Executor side of the queue: move the bytes in, nothing else.
+    {
+        let queue = queue.clone();
+        tokio::spawn(sub.for_each(move |cdr| {
+            queue.push(Frame { cdr });
+            futures::future::ready(())
+        }));
+    }
+
+    // Processing thread.
+    let worker = {
+        let (queue, stats, table, logger) = (queue.clone(), stats.clone(), table.clone(), logger.clone());
+        std::thread::Builder::new()
+            .name("lk-process".into())
+            .spawn(move || process_loop(stage, queue, stats, table, publishers, logger, params))?
+    };
+
+    // Diagnostics.
+    {
+        let (queue, stats, fqn) = (queue.clone(), stats.clone(), fqn.clone());
+        let period = Duration::from_secs_f64(table.lock().unwrap().snapshot().double("diagnostics_period").unwrap_or(1.0));
+        let name = format!("{fqn}: lidar_kernels");
+        tokio::spawn(async move {
+            use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut last_malformed, mut last_errors) = (0u64, 0u64);
+            loop {
+                tick.tick().await;
+                let malformed = stats.malformed.load(Ordering::Relaxed);
+                let errors = stats.stage_errors.load(Ordering::Relaxed) + stats.publish_errors.load(Ordering::Relaxed);
+                let (level, message) = if malformed > last_malformed || errors > last_errors {
+                    (1u8, format!("{} malformed clouds, {} errors in the last period", malformed - last_malformed, errors - last_errors))
+                } else {
+                    (0u8, "ok".to_string())
+                };
+                (last_malformed, last_errors) = (malformed, errors);
+                let now = ros_clock.lock().map(|mut c| c.get_now().unwrap_or_default()).unwrap_or_default();
+                let values = diagnostic_values(&stats, &queue, &input_qos)
+                    .into_iter()
+                    .map(|(key, value)| KeyValue { key, value })
+                    .collect();
+                let msg = DiagnosticArray {
+                    header: r2r::std_msgs::msg::Header { stamp: r2r::Clock::to_builtin_time(&now), frame_id: String::new() },
+                    status: vec![DiagnosticStatus {
+                        level,
+                        name: name.clone(),
+                        message,
+                        hardware_id: "lidar_kernels".into(),
+                        values,
+                    }],
+                };
+                let _ = diag_pub.publish(&msg);
+            }
+        });
+    }
+
+    wait_for_shutdown_signal().await;
+    r2r::log_info!(&logger, "shutting down");
+    shutdown.store(true, Ordering::Relaxed);
+    queue.close();
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = worker.join();
+        let _ = spin.join();
+    })
+    .await;
+    let processed = stats.processed.load(Ordering::Relaxed);
+    r2r::log_info!(
+        &logger,
+        "stopped: {} received, {processed} processed, {} dropped (queue full), {} malformed",
+        queue.pushed(),
+        queue.dropped(),
+        stats.malformed.load(Ordering::Relaxed)
+    );
+    drop(node);
+    Ok(())
+}
+
+async fn wait_for_shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn process_loop<S: Stage>(
+    mut stage: S, queue: Arc<LatestQueue<Frame>>, stats: Arc<NodeStats>, table: Arc<Mutex<ParamTable>>,
+    publishers: HashMap<String, r2r::PublisherUntyped>, logger: String, mut params: Params,
+) {
+    let log_period = |p: &Params| Duration::from_secs_f64(p.double("malformed_log_period").unwrap_or(5.0));
+    let mut malformed_log = RateLimiter::new(log_period(&params));
+    let mut error_log = RateLimiter::new(log_period(&params));
+    loop {
+        let frame = match queue.pop_timeout(Duration::from_millis(100)) {
+            Pop::Item(f) => Some(f),
+            Pop::TimedOut => None,
+            Pop::Closed => break,
+        };
+
+        // Parameter changes are applied between clouds, on this thread.
+        let generation = table.lock().unwrap_or_else(|e| e.into_inner()).generation();
+        if generation != params.generation {
+            let new = table.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
+            queue.set_capacity(new.int("queue_size").unwrap_or(1) as usize);
+            malformed_log = RateLimiter::new(log_period(&new));
+            error_log = RateLimiter::new(log_period(&new));
+            if let Err(e) = stage.configure(&new) {
+                r2r::log_error!(&logger, "new parameters rejected by the stage, keeping the previous configuration: {e:#}");
+            }
+            params = new;
+        }
+
+        let Some(frame) = frame else { continue };
+        let decoded = PointCloud2::from_cdr(&frame.cdr).and_then(|m| validate_cloud(&m).map(|l| (m, l)));
+        let (msg, layout) = match decoded {
+            Ok(v) => v,
+            Err(e) => {
+                stats.malformed.fetch_add(1, Ordering::Relaxed);
+                let text = e.to_string();
+                {
+                    let mut d = stats.detail();
+                    *d.malformed_by_kind.entry(error_kind(&e)).or_default() += 1;
+                    d.last_malformed = text.clone();
+                }
+                if let Some(held) = malformed_log.check(Instant::now()) {
+                    r2r::log_warn!(
+                        &logger,
+                        "malformed PointCloud2 ({} bytes) skipped: {text}{}",
+                        frame.cdr.len(),
+                        if held > 0 { format!(" ({held} more since the last report)") } else { String::new() }
+                    );
+                }
+                continue;
+            }
+        };
+
+        let t0 = Instant::now();
+        let input = Input { cdr: &frame.cdr, msg: &msg, layout: &layout };
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| stage.process(&input)));
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        stats.processed.fetch_add(1, Ordering::Relaxed);
+        stats.points_in.fetch_add(msg.num_points(), Ordering::Relaxed);
+        let error = match result {
+            Ok(Ok(outputs)) => {
+                for (topic, cdr) in outputs {
+                    match publishers.get(&topic) {
+                        Some(p) => match p.publish_raw(&cdr) {
+                            Ok(()) => {
+                                stats.published.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                stats.publish_errors.fetch_add(1, Ordering::Relaxed);
+                                if error_log.check(Instant::now()).is_some() {
+                                    r2r::log_error!(&logger, "publishing on '{topic}' failed: {e}");
+                                }
+                            }
+                        },
+                        None => {
+                            stats.publish_errors.fetch_add(1, Ordering::Relaxed);
+                            if error_log.check(Instant::now()).is_some() {
+                                r2r::log_error!(&logger, "stage output for undeclared topic '{topic}' dropped");
+                            }
+                        }
+                    }
+                }
+                None
+            }
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(panic) => Some(format!(
+                "stage panicked: {}",
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default()
+            )),
+        };
+        let stage_stats = stage.stats();
+        {
+            let mut d = stats.detail();
+            d.process_ms_last = ms;
+            d.process_ms_max = d.process_ms_max.max(ms);
+            d.process_ms_sum += ms;
+            d.stage_stats = stage_stats;
+            if let Some(e) = &error {
+                d.last_stage_error = e.clone();
+            }
+        }
+        if let Some(e) = error {
+            stats.stage_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(held) = error_log.check(Instant::now()) {
+                r2r::log_error!(
+                    &logger,
+                    "stage error: {e}{}",
+                    if held > 0 { format!(" ({held} more since the last report)") } else { String::new() }
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! What a node runs: a [`Stage`], free of any ROS type, so that the pipeline can implement it
+//! without knowing r2r. The node plumbing ([`super::run_node`]) owns the subscription, the queue,
+//! the publishers, the parameters and the diagnostics; a stage sees one validated PointCloud2 at a
+//! time on its own thread and returns CDR-encoded messages for its declared output topics.
+
+use std::collections::BTreeMap;
+
+use crate::cloud::{Cloud, CloudError, Header, PointCloud2, PointLayout};
+
+/// A parameter value (the ROS types a stage needs).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+    Str(String),
+}
+
+impl ParamValue {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ParamValue::Bool(_) => "bool",
+            ParamValue::Int(_) => "integer",
+            ParamValue::Double(_) => "double",
+            ParamValue::Str(_) => "string",
+        }
+    }
+}
+
+impl std::fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParamValue::Bool(v) => write!(f, "{v}"),
+            ParamValue::Int(v) => write!(f, "{v}"),
+            ParamValue::Double(v) => write!(f, "{v}"),
+            ParamValue::Str(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+/// A declared parameter: name, default, description, optional inclusive range, read-only flag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub description: String,
+    pub default: ParamValue,
+    /// Inclusive `[min, max]`, for integer and double parameters.
+    pub range: Option<(f64, f64)>,
+    /// Settable only at start (`--ros-args -p`, a params file), not at run time.
+    pub read_only: bool,
+}
+
+impl ParamSpec {
+    fn new(name: &str, default: ParamValue, description: &str) -> Self {
+        Self { name: name.into(), description: description.into(), default, range: None, read_only: false }
+    }
+    pub fn bool(name: &str, default: bool, description: &str) -> Self {
+        Self::new(name, ParamValue::Bool(default), description)
+    }
+    pub fn int(name: &str, default: i64, min: i64, max: i64, description: &str) -> Self {
+        Self { range: Some((min as f64, max as f64)), ..Self::new(name, ParamValue::Int(default), description) }
+    }
+    pub fn double(name: &str, default: f64, min: f64, max: f64, description: &str) -> Self {
+        Self { range: Some((min, max)), ..Self::new(name, ParamValue::Double(default), description) }
+    }
+    pub fn string(name: &str, default: &str, description: &str) -> Self {
+        Self::new(name, ParamValue::Str(default.into()), description)
+    }
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    /// Checks type and range; an integer is accepted for a double parameter.
+    pub fn check(&self, value: &ParamValue) -> Result<ParamValue, String> {
+        let v = match (&self.default, value) {
+            (ParamValue::Double(_), ParamValue::Int(i)) => ParamValue::Double(*i as f64),
+            (d, v) if std::mem::discriminant(d) == std::mem::discriminant(v) => v.clone(),
+            (d, v) => {
+                return Err(format!(
+                    "parameter '{}' is a {}, got a {} ({v})",
+                    self.name,
+                    d.type_name(),
+                    v.type_name()
+                ))
+            }
+        };
+        if let Some((lo, hi)) = self.range {
+            let x = match &v {
+                ParamValue::Int(i) => *i as f64,
+                ParamValue::Double(d) => *d,
+                _ => return Ok(v),
+            };
+            if !(x >= lo && x <= hi) {
+                return Err(format!("parameter '{}' = {v} is outside [{lo}, {hi}]", self.name));
+            }
+        }
+        Ok(v)
+    }
+
+    /// The description with the range and read-only flag spelled out (what DescribeParameters shows).
+    pub fn full_description(&self) -> String {
+        let mut s = self.description.clone();
+        if let Some((lo, hi)) = self.range {
+            s.push_str(&format!(" Range [{lo}, {hi}]."));
+        }
+        if self.read_only {
+            s.push_str(" Read-only at run time.");
+        }
+        s
+    }
+}
+
+/// A snapshot of the current parameter values. `generation` grows at every accepted change.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Params {
+    pub values: BTreeMap<String, ParamValue>,
+    pub generation: u64,
+}
+
+impl Params {
+    pub fn get(&self, name: &str) -> Option<&ParamValue> {
+        self.values.get(name)
+    }
+    pub fn bool(&self, name: &str) -> Option<bool> {
+        match self.get(name)? {
+            ParamValue::Bool(v) => Some(*v),
+            _ => None,
+        }
+    }
+    pub fn int(&self, name: &str) -> Option<i64> {
+        match self.get(name)? {
+            ParamValue::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
+    pub fn double(&self, name: &str) -> Option<f64> {
+        match self.get(name)? {
+            ParamValue::Double(v) => Some(*v),
+            ParamValue::Int(v) => Some(*v as f64),
+            _ => None,
+        }
+    }
+    pub fn str(&self, name: &str) -> Option<&str> {
+        match self.get(name)? {
+            ParamValue::Str(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// An output topic the stage publishes on. `topic` follows ROS naming (relative names resolve in
+/// the node's namespace, `~/x` under the node's name); `type_name` is e.g. `sensor_msgs/msg/PointCloud2`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputSpec {
+    pub topic: String,
+    pub type_name: String,
+}
+
+impl OutputSpec {
+    pub fn new(topic: &str, type_name: &str) -> Self {
+        Self { topic: topic.into(), type_name: type_name.into() }
+    }
+}
+
+/// One input cloud, already decoded (the point blob borrowed, not copied) and validated: every
+/// point lies inside `msg.data`, every field inside `point_step`, x/y/z present.
+pub struct Input<'a> {
+    /// The message as received (CDR), e.g. to forward it unchanged.
+    pub cdr: &'a [u8],
+    pub msg: &'a PointCloud2<'a>,
+    pub layout: &'a PointLayout,
+}
+
+impl Input<'_> {
+    pub fn header(&self) -> &Header {
+        &self.msg.header
+    }
+}
+
+/// A CDR-encoded message for one of the stage's declared output topics (`OutputSpec::topic`).
+pub type Output = (String, Vec<u8>);
+
+/// A node's processing: (validated PointCloud2) -> messages to publish, plus stats.
+///
+/// Called on the node's processing thread, never on the ROS executor; a slow `process` makes the
+/// latest-wins queue drop the oldest waiting clouds (counted), it never blocks the subscription.
+pub trait Stage: Send + 'static {
+    /// Default node name (a launch file or `--ros-args -r __node:=` may rename it).
+    fn name(&self) -> &str;
+
+    /// The stage's own parameters (the node adds its common ones: see `super::node`).
+    fn params(&self) -> Vec<ParamSpec> {
+        Vec::new()
+    }
+
+    /// The PointCloud2 topic to subscribe to (relative: remap it with `-r points:=/sensor/points`).
+    fn input_topic(&self) -> &str {
+        "points"
+    }
+
+    /// The topics `process` may publish on.
+    fn outputs(&self) -> Vec<OutputSpec>;
+
+    /// Called before the first cloud and again, on the processing thread, before the next cloud
+    /// after any parameter change. An error keeps the previous configuration (and is logged);
+    /// an error at start stops the node.
+    fn configure(&mut self, _params: &Params) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Processes one cloud. An error is counted and logged (rate-limited); the node goes on.
+    fn process(&mut self, input: &Input<'_>) -> anyhow::Result<Vec<Output>>;
+
+    /// Key/values for /diagnostics (read after each `process`, published at 1 Hz).
+    fn stats(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+}
+
+/// Checks a decoded PointCloud2 the way `cloud::gather` does, without copying any point: the
+/// layout (x/y/z present, known datatypes, every field inside point_step) and the sizes (row_step
+/// covers a row, data covers every point).
+pub fn validate_cloud(msg: &PointCloud2<'_>) -> Result<PointLayout, CloudError> {
+    let layout = PointLayout::new(msg.fields.clone(), msg.point_step, msg.is_bigendian)?;
+    let points = msg.num_points();
+    if points > 0 && msg.point_step == 0 {
+        return Err(CloudError::ZeroPointStep { points });
+    }
+    let min_row = (msg.width as u64)
+        .checked_mul(msg.point_step as u64)
+        .ok_or(CloudError::Overflow { what: "width * point_step" })?;
+    if msg.height > 0 && (msg.row_step as u64) < min_row {
+        return Err(CloudError::RowStepTooSmall { row_step: msg.row_step, width: msg.width, point_step: msg.point_step });
+    }
+    let need = (msg.row_step as u64)
+        .checked_mul(msg.height as u64)
+        .ok_or(CloudError::Overflow { what: "row_step * height" })?;
+    let need_exact = if msg.height == 0 { 0 } else { need - msg.row_step as u64 + min_row };
+    if (msg.data.len() as u64) < need_exact {
+        return Err(CloudError::DataTooShort { data_len: msg.data.len(), row_step: msg.row_step, height: msg.height, need });
+    }
+    Ok(layout)
+}
+
+/// A short name for the kind of malformation, used as a /diagnostics key suffix.
+pub fn error_kind(e: &CloudError) -> &'static str {
+    match e {
+        CloudError::Truncated { .. } | CloudError::BadEncapsulation(_) | CloudError::BadString { .. } => "cdr",
+        CloudError::MissingField(_) => "missing_field",
+        CloudError::FieldPastPointStep { .. } => "field_past_point_step",
+        CloudError::UnknownDatatype { .. } | CloudError::ZeroCount { .. } => "bad_field",
+        CloudError::DataTooShort { .. } => "data_too_short",
+        CloudError::ZeroPointStep { .. } | CloudError::RowStepTooSmall { .. } | CloudError::Overflow { .. } => "bad_size",
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
+
+/// Placeholder stage until the pipeline is plugged in: gathers the input (any layout) into the
+/// float32 SoA cloud and republishes it as packed float32 PointCloud2 on `~/points`, with the
+/// input header. It exercises every part of the plumbing (decode, gather, encode, publish).
+pub struct RelayStage {
+    name: String,
+    frames: u64,
+    points_in: u64,
+    points_out: u64,
+    dropped_non_finite: u64,
+    delay: std::time::Duration,
+}
+
+impl RelayStage {
+    pub const OUTPUT: &'static str = "~/points";
+
+    pub fn new(name: &str) -> Self {
+        Self { name: name.into(), frames: 0, points_in: 0, points_out: 0, dropped_non_finite: 0, delay: Default::default() }
+    }
+}
+
+impl Stage for RelayStage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![ParamSpec::int(
+            "relay_delay_ms",
+            0,
+            0,
+            10_000,
+            "Test aid: extra processing time per cloud, to exercise the latest-wins queue.",
+        )]
+    }
+
+    fn outputs(&self) -> Vec<OutputSpec> {
+        vec![OutputSpec::new(Self::OUTPUT, crate::cloud::POINTCLOUD2_TYPE)]
+    }
+
+    fn configure(&mut self, params: &Params) -> anyhow::Result<()> {
+        self.delay = std::time::Duration::from_millis(params.int("relay_delay_ms").unwrap_or(0) as u64);
+        Ok(())
+    }
+
+    fn process(&mut self, input: &Input<'_>) -> anyhow::Result<Vec<Output>> {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        let gathered = crate::cloud::gather(input.msg)?;
+        let cloud: &Cloud = &gathered.cloud;
+        self.frames += 1;
+        self.points_in += input.msg.num_points();
+        self.points_out += cloud.len() as u64;
+        self.dropped_non_finite += gathered.dropped_non_finite as u64;
+        let out = PointCloud2::from_cloud(input.header().clone(), cloud, &PointLayout::packed_for(cloud));
+        Ok(vec![(Self::OUTPUT.to_string(), out.to_cdr())])
+    }
+
+    fn stats(&self) -> Vec<(String, String)> {
+        vec![
+            ("stage".into(), "relay (pipeline not wired yet)".into()),
+            ("relay.frames".into(), self.frames.to_string()),
+            ("relay.points_in".into(), self.points_in.to_string()),
+            ("relay.points_out".into(), self.points_out.to_string()),
+            ("relay.dropped_non_finite".into(), self.dropped_non_finite.to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::{Datatype, PointField};
+    use std::borrow::Cow;
+
+    fn msg(fields: Vec<PointField>, point_step: u32, n: u32, data_len: usize) -> PointCloud2<'static> {
+        PointCloud2 {
+            header: Header::default(),
+            height: 1,
+            width: n,
+            fields,
+            is_bigendian: false,
+            point_step,
+            row_step: point_step * n,
+            data: Cow::Owned(vec![0; data_len]),
+            is_dense: true,
+        }
+    }
+
+    fn xyz() -> Vec<PointField> {
+        ["x", "y", "z"].iter().enumerate().map(|(i, n)| PointField::new(n, 4 * i as u32, Datatype::Float32)).collect()
+    }
+
+    #[test]
+    fn validation_catches_the_three_test_malformations() {
+        assert!(validate_cloud(&msg(xyz(), 12, 10, 120)).is_ok());
+        let e = validate_cloud(&msg(xyz(), 12, 10, 119)).unwrap_err();
+        assert_eq!(error_kind(&e), "data_too_short");
+        let e = validate_cloud(&msg(xyz(), 8, 10, 80)).unwrap_err();
+        assert_eq!(error_kind(&e), "field_past_point_step");
+        let e = validate_cloud(&msg(xyz()[1..].to_vec(), 12, 10, 120)).unwrap_err();
+        assert_eq!(error_kind(&e), "missing_field");
+    }
+
+    #[test]
+    fn param_checks() {
+        let p = ParamSpec::double("voxel_size", 0.1, 0.01, 10.0, "Edge.");
+        assert_eq!(p.check(&ParamValue::Int(1)), Ok(ParamValue::Double(1.0)));
+        assert!(p.check(&ParamValue::Double(20.0)).is_err());
+        assert!(p.check(&ParamValue::Double(f64::NAN)).is_err());
+        assert!(p.check(&ParamValue::Bool(true)).is_err());
+        assert!(p.full_description().contains("[0.01, 10]"));
+    }
+
+    #[test]
+    fn relay_round_trips_points() {
+        let cloud = Cloud::from_points(&[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).with_channel("intensity", vec![7.0, 8.0]);
+        let m = PointCloud2::from_cloud(Header::default(), &cloud, &PointLayout::ouster());
+        let cdr = m.to_cdr();
+        let dec = PointCloud2::from_cdr(&cdr).unwrap();
+        let layout = validate_cloud(&dec).unwrap();
+        let mut s = RelayStage::new("t");
+        let out = s.process(&Input { cdr: &cdr, msg: &dec, layout: &layout }).unwrap();
+        assert_eq!(out.len(), 1);
+        let (_, g) = Cloud::from_cdr(&out[0].1).unwrap();
+        assert_eq!(g.cloud.point(1), [4.0, 5.0, 6.0]);
+        assert_eq!(g.cloud.intensity().unwrap(), &[7.0, 8.0]);
+    }
+}
