@@ -1,0 +1,209 @@
+// PointCloud2 gather: any field layout (datatype, offset, endianness, row padding) -> float32
+// structure-of-arrays columns, with the points whose x, y or z is not finite dropped.
+//
+// Must match the CPU reference `cloud::gather` bit for bit:
+//   - every value is converted to float32 the way Rust's `as f32` does (round to nearest even;
+//     float64 NaN keeps its sign and top payload bits, quiet bit set, as x86 cvtsd2ss / aarch64 fcvt);
+//   - surviving points keep their input order (deterministic compaction, see below).
+//
+// Compaction: ONE kernel, single pass, decoupled look-back scan (Merrill & Garland). Each block takes
+// the next tile id from a counter (so every tile it waits on belongs to a block that already runs),
+// counts its finite points, publishes the count, then sums its predecessors' published counts and
+// inclusive prefixes. The result is an exact integer prefix: the output order is the input order,
+// whatever the scheduling. No atomics decide where a point goes.
+//
+// Compile-time constants (from the kernel profile, `-D NAME=value`):
+//   GATHER_BLOCK  threads per block (multiple of 32, <= 1024)
+//   GATHER_ITEMS  consecutive points per thread
+
+#ifndef GATHER_BLOCK
+#define GATHER_BLOCK 256
+#endif
+#ifndef GATHER_ITEMS
+#define GATHER_ITEMS 4
+#endif
+
+#define GATHER_MAX_CHANNELS 32
+#define GATHER_TILE (GATHER_BLOCK * GATHER_ITEMS)
+#define GATHER_WARPS (GATHER_BLOCK / 32)
+
+#if (GATHER_BLOCK % 32) != 0 || GATHER_BLOCK > 1024 || GATHER_BLOCK < 32
+#error "GATHER_BLOCK must be a multiple of 32 in 32..=1024"
+#endif
+#if GATHER_ITEMS < 1 || GATHER_ITEMS > 32
+#error "GATHER_ITEMS must be in 1..=32"
+#endif
+
+// Tile status word: high 32 bits = flag, low 32 bits = value.
+#define STATUS_AGGREGATE 1ull
+#define STATUS_PREFIX 2ull
+
+// Must match `GatherParams` in src/gpu/gather.rs (repr(C), all u32).
+struct GatherParams {
+    unsigned int num_channels;
+    unsigned int point_step;
+    unsigned int row_step;
+    unsigned int width;
+    unsigned int n;          // height * width
+    unsigned int capacity;   // column stride of `out`, in floats
+    unsigned int big_endian;
+    unsigned int pad_;
+    unsigned int offset[GATHER_MAX_CHANNELS];
+    unsigned int datatype[GATHER_MAX_CHANNELS]; // sensor_msgs/PointField datatype 1..=8
+};
+
+__device__ __forceinline__ unsigned int dt_size(unsigned int dt) {
+    return dt <= 2u ? 1u : (dt <= 4u ? 2u : (dt <= 7u ? 4u : 8u));
+}
+
+// Byte-wise loads: fields may be unaligned (any offset, any point_step, row padding).
+__device__ __forceinline__ unsigned long long load_raw(const unsigned char* p, unsigned int size, bool be) {
+    unsigned long long v = 0;
+    // Not unrolled: the size is a run-time value and unrolling every datatype bloats the cubin.
+#pragma unroll 1
+    for (unsigned int i = 0; i < size; ++i) {
+        const unsigned long long b = (unsigned long long)p[i];
+        v = be ? ((v << 8) | b) : (v | (b << (8u * i)));
+    }
+    return v;
+}
+
+__device__ __forceinline__ float to_f32(unsigned long long v, unsigned int dt) {
+    switch (dt) {
+        case 1: return (float)(int)(signed char)(unsigned char)v;       // exact
+        case 2: return (float)(unsigned int)(unsigned char)v;           // exact
+        case 3: return (float)(int)(short)(unsigned short)v;            // exact
+        case 4: return (float)(unsigned int)(unsigned short)v;          // exact
+        case 5: return __int2float_rn((int)(unsigned int)v);
+        case 6: return __uint2float_rn((unsigned int)v);
+        case 7: return __uint_as_float((unsigned int)v);
+        default: {
+            const double d = __longlong_as_double((long long)v);
+            if (d != d) {
+                // NaN: sign, quiet bit, top 22 payload bits, as the CPU's conversion does.
+                const unsigned int bits = (unsigned int)((v >> 32) & 0x80000000ull) | 0x7fc00000u |
+                                          (unsigned int)((v >> 29) & 0x003fffffull);
+                return __uint_as_float(bits);
+            }
+            return __double2float_rn(d);
+        }
+    }
+}
+
+__device__ __forceinline__ float load_field(const unsigned char* point, const GatherParams& p, unsigned int c) {
+    const unsigned int dt = p.datatype[c];
+    return to_f32(load_raw(point + p.offset[c], dt_size(dt), p.big_endian != 0u), dt);
+}
+
+__device__ __forceinline__ const unsigned char* point_ptr(const unsigned char* data, const GatherParams& p,
+                                                           unsigned int idx) {
+    const unsigned int row = idx / p.width;
+    const unsigned int col = idx - row * p.width;
+    return data + (unsigned long long)row * p.row_step + (unsigned long long)col * p.point_step;
+}
+
+__device__ __forceinline__ bool finite_f32(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+__device__ __forceinline__ unsigned long long status_load(unsigned long long* s) {
+    return atomicOr(s, 0ull); // coherent L2 read
+}
+
+// data:        the raw PointCloud2 blob (row_step * height bytes, last row may lack its padding)
+// out:         num_channels columns of `capacity` floats
+// tile_status: one zeroed word per tile
+// tile_counter: one zeroed word
+// out_count:   number of surviving points (written by the last tile)
+extern "C" __global__ void __launch_bounds__(GATHER_BLOCK)
+gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
+               unsigned long long* tile_status, unsigned int* tile_counter,
+               unsigned int* out_count, const GatherParams p) {
+    __shared__ unsigned int s_tile;
+    __shared__ unsigned int s_warp[GATHER_WARPS];
+    __shared__ unsigned int s_prefix;
+
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const unsigned int tile = s_tile;
+    const unsigned int num_tiles = (p.n + GATHER_TILE - 1) / GATHER_TILE;
+    const unsigned long long base = (unsigned long long)tile * GATHER_TILE +
+                                    (unsigned long long)threadIdx.x * GATHER_ITEMS;
+
+    // 1. Finite flags of this thread's consecutive points.
+    unsigned int flags = 0u;
+    unsigned int count = 0u;
+#pragma unroll 1
+    for (int k = 0; k < GATHER_ITEMS; ++k) {
+        const unsigned long long idx = base + k;
+        if (idx < p.n) {
+            const unsigned char* pt = point_ptr(data, p, (unsigned int)idx);
+            const float x = load_field(pt, p, 0), y = load_field(pt, p, 1), z = load_field(pt, p, 2);
+            if (finite_f32(x) && finite_f32(y) && finite_f32(z)) {
+                flags |= 1u << k;
+                ++count;
+            }
+        }
+    }
+
+    // 2. Block-wide exclusive scan of the counts (warp shuffles, then the warp totals).
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
+    unsigned int incl = count;
+#pragma unroll
+    for (unsigned int o = 1; o < 32; o <<= 1) {
+        const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31u) s_warp[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned int w = lane < GATHER_WARPS ? s_warp[lane] : 0u;
+#pragma unroll
+        for (unsigned int o = 1; o < 32; o <<= 1) {
+            const unsigned int v = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += v;
+        }
+        if (lane < GATHER_WARPS) s_warp[lane] = w;
+    }
+    __syncthreads();
+    const unsigned int thread_excl = (warp > 0 ? s_warp[warp - 1] : 0u) + incl - count;
+    const unsigned int tile_total = s_warp[GATHER_WARPS - 1];
+
+    // 3. Decoupled look-back for the tile's exclusive prefix.
+    if (threadIdx.x == 0) {
+        unsigned int excl = 0u;
+        if (tile == 0) {
+            atomicExch(&tile_status[0], (STATUS_PREFIX << 32) | tile_total);
+        } else {
+            atomicExch(&tile_status[tile], (STATUS_AGGREGATE << 32) | tile_total);
+            int j = (int)tile - 1;
+            while (true) {
+                const unsigned long long s = status_load(&tile_status[j]);
+                const unsigned long long flag = s >> 32;
+                if (flag == 0ull) continue; // predecessor not published yet: its block is running
+                excl += (unsigned int)(s & 0xffffffffull);
+                if (flag == STATUS_PREFIX) break;
+                --j;
+            }
+            atomicExch(&tile_status[tile], (STATUS_PREFIX << 32) | (excl + tile_total));
+        }
+        s_prefix = excl;
+        if (tile == num_tiles - 1) *out_count = excl + tile_total;
+    }
+    __syncthreads();
+
+    // 4. Write the surviving points, every channel, in input order.
+    unsigned int pos = s_prefix + thread_excl;
+#pragma unroll 1
+    for (int k = 0; k < GATHER_ITEMS; ++k) {
+        if (flags & (1u << k)) {
+            const unsigned char* pt = point_ptr(data, p, (unsigned int)(base + k));
+#pragma unroll 1
+            for (unsigned int c = 0; c < p.num_channels; ++c) {
+                out[(unsigned long long)c * p.capacity + pos] = load_field(pt, p, c);
+            }
+            ++pos;
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The data path's first stage: a PointCloud2 blob is copied once into a pinned staging slot,
+//! uploaded asynchronously, and one kernel (`cuda/gather.cu`) converts every single-element field to
+//! float32 device columns and drops the points whose x, y or z is not finite, keeping input order.
+//! The result equals the CPU reference [`crate::cloud::gather`] bit for bit.
+
+use super::context::{GpuContext, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
+use super::profile::KernelProfile;
+use super::GpuError;
+use crate::cloud::{validate, Cloud, PointCloud2, PointField, PointLayout};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::{Arc, Mutex};
+
+/// Channels the kernel can gather at once (`GATHER_MAX_CHANNELS` in cuda/gather.cu).
+pub const MAX_CHANNELS: usize = 32;
+
+/// Kernel parameters, passed by value. Must match `struct GatherParams` in cuda/gather.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GatherParams {
+    num_channels: u32,
+    point_step: u32,
+    row_step: u32,
+    width: u32,
+    n: u32,
+    capacity: u32,
+    big_endian: u32,
+    pad_: u32,
+    offset: [u32; MAX_CHANNELS],
+    datatype: [u32; MAX_CHANNELS],
+}
+
+// SAFETY: repr(C), plain u32 fields, no padding; layout matches the CUDA struct.
+unsafe impl DeviceRepr for GatherParams {}
+
+/// Per-context device scratch of the gather stage (grow-only).
+pub(crate) struct GatherScratch {
+    raw: GrowBuffer<u8>,
+    tile_status: GrowBuffer<u64>,
+    /// [tile counter, surviving point count]
+    counters: GrowBuffer<u32>,
+    count_ring: PinnedRing<u32>,
+}
+
+impl GatherScratch {
+    pub(crate) fn new(stream: &Arc<CudaStream>, profile: &KernelProfile) -> Result<Self, GpuError> {
+        let points = profile.pools.points;
+        Ok(Self {
+            // 48 bytes/point: the ouster-ros layout, the widest common one.
+            raw: GrowBuffer::new(stream, points * 48)?,
+            tile_status: GrowBuffer::new(stream, points.div_ceil(profile.gather_tile()))?,
+            counters: GrowBuffer::new(stream, 2)?,
+            count_ring: PinnedRing::new(stream.context().clone(), 2, 1, false)?,
+        })
+    }
+
+    pub(crate) fn growths(&self) -> u64 {
+        self.raw.growths() + self.tile_status.growths() + self.counters.growths() + self.count_ring.growths()
+    }
+}
+
+/// A gathered cloud on the device: `names.len()` float32 columns of `capacity` elements each
+/// (column-major: channel `c` starts at element `c * capacity`), the first `len` valid.
+/// Channels 0, 1, 2 are x, y, z. The buffer returns to the context's pool when this drops.
+pub struct DeviceCloud {
+    pub len: usize,
+    pub capacity: usize,
+    pub names: Vec<String>,
+    pub data: PooledSlice<f32>,
+    /// Points dropped because x, y or z was NaN or infinite.
+    pub dropped_non_finite: usize,
+    stream: Arc<CudaStream>,
+    readback: Arc<Mutex<PinnedRing<f32>>>,
+}
+
+impl std::fmt::Debug for DeviceCloud {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceCloud")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .field("names", &self.names)
+            .field("dropped_non_finite", &self.dropped_non_finite)
+            .finish()
+    }
+}
+
+impl DeviceCloud {
+    pub fn num_channels(&self) -> usize {
+        self.names.len()
+    }
+
+    /// The device column buffer (all channels, `capacity` stride).
+    pub fn slice(&self) -> &CudaSlice<f32> {
+        &self.data
+    }
+
+    /// The `len` valid values of channel `c`.
+    pub fn column(&self, c: usize) -> CudaView<'_, f32> {
+        assert!(c < self.names.len(), "channel {c} of {}", self.names.len());
+        self.data.slice(c * self.capacity..c * self.capacity + self.len)
+    }
+
+    /// The channel named `name`.
+    pub fn channel(&self, name: &str) -> Option<CudaView<'_, f32>> {
+        self.names.iter().position(|n| n == name).map(|c| self.column(c))
+    }
+
+    /// Copies the cloud back (through the context's pinned read-back ring).
+    pub fn to_host(&self) -> Result<Cloud, GpuError> {
+        let mut ring = self.readback.lock().unwrap();
+        let mut columns = Vec::with_capacity(self.names.len());
+        for c in 0..self.names.len() {
+            columns.push(ring.download(&self.stream, &self.data, c * self.capacity, self.len, |v| v.to_vec())?);
+        }
+        let mut it = columns.into_iter();
+        let mut cloud = Cloud::from_xyz(it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        for (name, values) in self.names[3..].iter().zip(it) {
+            cloud = cloud.with_channel(name, values);
+        }
+        Ok(cloud)
+    }
+}
+
+/// The fields that become channels, in channel order: x, y, z, then every other single-element
+/// field, first of each name (the rule of `cloud::gather`).
+pub fn channel_fields(layout: &PointLayout) -> Vec<&PointField> {
+    let mut out: Vec<&PointField> =
+        ["x", "y", "z"].iter().filter_map(|a| layout.fields.iter().find(|f| f.name == *a)).collect();
+    for f in &layout.fields {
+        if f.count == 1 && !out.iter().any(|o| o.name == f.name) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// Uploads `msg` and gathers it on the device (see the module docs).
+pub fn upload_and_gather(ctx: &GpuContext, msg: &PointCloud2<'_>) -> Result<DeviceCloud, GpuError> {
+    upload_and_gather_timed(ctx, msg, None)
+}
+
+/// [`upload_and_gather`], recording the stages `h2d` and `gather` on `timer` when given.
+/// `h2d` spans the host copy into the pinned slot (the stream is idle meanwhile) and the DMA.
+pub fn upload_and_gather_timed(
+    ctx: &GpuContext,
+    msg: &PointCloud2<'_>,
+    mut timer: Option<&mut StageTimer>,
+) -> Result<DeviceCloud, GpuError> {
+    let layout = validate(msg)?;
+    let fields = channel_fields(&layout);
+    if fields.len() > MAX_CHANNELS {
+        return Err(GpuError::Unsupported(format!(
+            "PointCloud2 has {} single-element fields; the gather kernel takes at most {MAX_CHANNELS}",
+            fields.len()
+        )));
+    }
+    let n64 = msg.num_points();
+    // The kernel indexes points and tiles with 32-bit values (n + one tile must not wrap).
+    if n64 > (u32::MAX - (1 << 20)) as u64 {
+        return Err(GpuError::Unsupported(format!("{n64} points: at most 2^32 - 2^20 per cloud")));
+    }
+    let n = n64 as usize;
+    let used_bytes =
+        if n == 0 { 0 } else { (msg.height as usize - 1) * msg.row_step as usize + msg.width as usize * msg.point_step as usize };
+    let names: Vec<String> = fields.iter().map(|f| f.name.clone()).collect();
+    let c = names.len();
+
+    let mut params = GatherParams {
+        num_channels: c as u32,
+        point_step: msg.point_step,
+        row_step: msg.row_step,
+        width: msg.width,
+        n: n as u32,
+        capacity: 0,
+        big_endian: msg.is_bigendian as u32,
+        pad_: 0,
+        offset: [0; MAX_CHANNELS],
+        datatype: [0; MAX_CHANNELS],
+    };
+    for (i, f) in fields.iter().enumerate() {
+        params.offset[i] = f.offset;
+        params.datatype[i] = f.datatype as u32;
+    }
+
+    let stream = &ctx.stream;
+    let mut out = ctx.cloud_pool.take(c * n.max(1))?;
+    let capacity = out.len() / c;
+    if capacity > u32::MAX as usize {
+        return Err(GpuError::Unsupported("device column capacity exceeds 2^32".into()));
+    }
+    params.capacity = capacity as u32;
+
+    if let Some(t) = timer.as_deref_mut() {
+        t.start()?;
+    }
+    let mut scratch = ctx.gather_scratch.lock().unwrap();
+    let GatherScratch { raw, tile_status, counters, count_ring } = &mut *scratch;
+    let raw = raw.ensure(stream, used_bytes.max(1))?;
+    ctx.upload_ring.lock().unwrap().upload(stream, &msg.data[..used_bytes], raw)?;
+    if let Some(t) = timer.as_deref_mut() {
+        t.stage("h2d")?;
+    }
+
+    let len = if n == 0 {
+        0
+    } else {
+        let tile = ctx.profile.gather_tile();
+        let tiles = n.div_ceil(tile);
+        let status = tile_status.ensure(stream, tiles)?;
+        stream.memset_zeros(&mut status.slice_mut(..tiles))?;
+        let counters = counters.ensure(stream, 2)?;
+        stream.memset_zeros(&mut counters.slice_mut(..2))?;
+        let func = ctx.function("gather", "gather_compact")?;
+        let cfg = LaunchConfig {
+            grid_dim: (tiles as u32, 1, 1),
+            block_dim: (ctx.profile.block_size.gather, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        {
+            let (mut tile_counter, mut out_count) = counters.split_at_mut(1);
+            let mut launch = stream.launch_builder(&func);
+            launch.arg(&*raw);
+            launch.arg(&mut *out);
+            launch.arg(&mut *status);
+            launch.arg(&mut tile_counter);
+            launch.arg(&mut out_count);
+            launch.arg(&params);
+            // SAFETY: argument types and order match `gather_compact`; every buffer is large
+            // enough: raw >= used_bytes, out = c * capacity with capacity >= n, status >= tiles.
+            unsafe { launch.launch(cfg) }?;
+        }
+        if let Some(t) = timer.as_deref_mut() {
+            t.stage("gather")?;
+        }
+        count_ring.download(stream, counters, 1, 1, |v| v[0] as usize)?
+    };
+    if n == 0 {
+        if let Some(t) = timer.as_deref_mut() {
+            t.stage("gather")?;
+        }
+    }
+    debug_assert!(len <= n);
+    Ok(DeviceCloud {
+        len,
+        capacity,
+        names,
+        data: out,
+        dropped_non_finite: n - len,
+        stream: stream.clone(),
+        readback: ctx.readback_ring.clone(),
+    })
+}

@@ -1,0 +1,137 @@
+//! The CUDA backend's runtime: backend selection, kernel profiles, NVRTC compilation with an on-disk
+//! cubin cache, the device context with its pinned staging ring and grow-only device pools, event
+//! timing, and the first data-path stage (PointCloud2 upload + gather).
+//!
+//! Everything is loaded at run time (cudarc `dynamic-loading`): a machine without a driver or
+//! without NVRTC builds and runs the CPU backend; nothing here panics when a library is missing.
+
+pub mod context;
+pub mod gather;
+pub mod kernels;
+pub mod nvrtc;
+pub mod profile;
+pub mod report;
+pub mod smoke;
+
+pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
+pub use gather::{upload_and_gather, DeviceCloud};
+pub use kernels::{KernelSource, KERNELS};
+pub use nvrtc::{nvrtc_check, NvrtcReport, NvrtcRow};
+pub use profile::{KernelProfile, ProfileChoice};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("CUDA driver library not found (libcuda.so / libcuda.so.1 could not be loaded): no NVIDIA driver on this machine, or it is not on the loader path")]
+    DriverMissing,
+    #[error("NVRTC library not found (libnvrtc.so / libnvrtc.so.12 could not be loaded): install it with scripts/install-nvrtc.sh and add the printed folder to LD_LIBRARY_PATH (a CUDA 13 NVRTC needs an unversioned libnvrtc.so symlink)")]
+    NvrtcMissing,
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    #[error("NVRTC failed to compile {module} (options: {options}):\n{log}")]
+    Compile { module: String, options: String, log: String },
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    #[error("kernel profile: '{key}': {msg}")]
+    Profile { key: String, msg: String },
+    #[error("kernel module '{0}' is not loaded (see src/gpu/kernels.rs)")]
+    UnknownModule(String),
+    #[error("invalid PointCloud2: {0}")]
+    Cloud(#[from] crate::cloud::CloudError),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Which backend runs the operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// CUDA when a driver, NVRTC and a GPU are present, else the CPU (with one warning).
+    #[default]
+    Auto,
+    /// CUDA or an error naming what is missing.
+    Cuda,
+    /// The CPU reference.
+    Cpu,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cuda" | "gpu" => Ok(Self::Cuda),
+            "cpu" => Ok(Self::Cpu),
+            other => Err(format!("unknown backend '{other}' (auto, cuda, cpu)")),
+        }
+    }
+}
+
+/// Which CUDA libraries can be loaded. `probe()` checks for real (never panics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LibProbe {
+    pub driver: bool,
+    pub nvrtc: bool,
+}
+
+impl LibProbe {
+    pub fn probe() -> Self {
+        // SAFETY: these only try to dlopen the candidate names.
+        Self {
+            driver: unsafe { cudarc::driver::sys::is_culib_present() },
+            nvrtc: unsafe { cudarc::nvrtc::sys::is_culib_present() },
+        }
+    }
+}
+
+/// Picks the backend: `Ok(Some(ctx))` runs CUDA, `Ok(None)` runs the CPU reference.
+/// With `Auto`, a missing driver, NVRTC or GPU logs one warning and returns `Ok(None)`;
+/// with `Cuda` the same is an error naming what is missing.
+pub fn select_backend(kind: BackendKind, profile: ProfileChoice) -> Result<Option<GpuContext>, GpuError> {
+    select_backend_with(kind, GpuOptions { profile, ..GpuOptions::default() }, LibProbe::probe())
+}
+
+/// [`select_backend`] with explicit options and library probe (tests inject a missing library).
+pub fn select_backend_with(kind: BackendKind, options: GpuOptions, probe: LibProbe) -> Result<Option<GpuContext>, GpuError> {
+    if kind == BackendKind::Cpu {
+        return Ok(None);
+    }
+    let attempt = || -> Result<GpuContext, GpuError> {
+        if !probe.driver {
+            return Err(GpuError::DriverMissing);
+        }
+        if !probe.nvrtc {
+            return Err(GpuError::NvrtcMissing);
+        }
+        GpuContext::new(options)
+    };
+    match attempt() {
+        Ok(ctx) => {
+            tracing::info!(
+                device = %ctx.device_name,
+                cc = %format!("{}.{}", ctx.compute_capability.0, ctx.compute_capability.1),
+                sms = ctx.sm_count,
+                profile = %ctx.profile.name,
+                "CUDA backend"
+            );
+            Ok(Some(ctx))
+        }
+        Err(e) if kind == BackendKind::Auto && falls_back(&e) => {
+            tracing::warn!("CUDA backend unavailable, using the CPU backend: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Errors that mean "no usable CUDA here" (Auto falls back to the CPU) rather than a bug or a bad
+/// configuration (a bad profile or a kernel that does not compile is reported even with Auto).
+fn falls_back(e: &GpuError) -> bool {
+    matches!(e, GpuError::DriverMissing | GpuError::NvrtcMissing | GpuError::NoDevice(_) | GpuError::Driver(_))
+}
+
+#[cfg(test)]
+mod tests;
