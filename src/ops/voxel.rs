@@ -315,6 +315,8 @@ pub fn voxelize_hard(cloud: &Cloud, params: &HardVoxelParams) -> Result<HardVoxe
     const NOT_KEPT: u32 = u32::MAX;
     let mut map = key_map(n.min(max_voxels.saturating_mul(2)).min(1 << 20));
     let mut out = HardVoxels { num_channels: c, max_points: p, ..Default::default() };
+    // Pass 1: voxel and slot of every kept point (as its row `v * P + slot` in the output).
+    let mut kept: Vec<(usize, usize)> = Vec::with_capacity(n);
     for i in 0..n {
         let Some(coord) = ix.coord([xs[i], ys[i], zs[i]]) else {
             out.dropped_out_of_range += 1;
@@ -336,18 +338,22 @@ pub fn voxelize_hard(cloud: &Cloud, params: &HardVoxelParams) -> Result<HardVoxe
         if v == next {
             out.coords.push(zyx(coord));
             out.num_points.push(0);
-            out.features.resize(out.features.len() + p * c, 0.0);
         }
         let slot = out.num_points[v] as usize;
         if slot == p {
             out.dropped_point_capacity += 1;
             continue;
         }
-        let row = &mut out.features[(v * p + slot) * c..(v * p + slot + 1) * c];
-        for (dst, col) in row.iter_mut().zip(cols) {
-            *dst = col[i];
-        }
         out.num_points[v] += 1;
+        kept.push((i, v * p + slot));
+    }
+    // Pass 2: one zeroed allocation, then copy the kept points' channels into their rows.
+    out.features = vec![0.0f32; out.coords.len() * p * c];
+    for &(i, row) in &kept {
+        let dst = &mut out.features[row * c..(row + 1) * c];
+        for (d, col) in dst.iter_mut().zip(cols) {
+            *d = col[i];
+        }
     }
     tracing::trace!(
         voxels = out.coords.len(),
