@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run). Needs no GPU and no system ROS 2:
+#  1. cargo tests (codec, operators vs brute-force oracles, bags, config, replay, GPU host logic);
+#  2. the bundled sample bag and the replay output read back by the Python `rosbags` package;
+#  3. every CUDA kernel compiled by NVRTC 12.9 (PyPI wheel) for sm_72, sm_87 and sm_90;
+#  4. with LIDAR_KERNELS_SKIP_ROS unset: ROS 2 Jazzy from PyPI wheels, the nodes built with the `ros`
+#     feature and tested over real DDS against an rclpy peer, and the colcon install checked.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n==== %s\n' "$*"; }
+
+step "cargo test"
+cargo test --release --all-targets
+
+step "sample bag and replay output read back with rosbags"
+test/python/run.sh
+cargo run --release --quiet -- replay --quiet --out target/ci/replay_out
+.venv-py/bin/python test/python/check_sample_bag.py target/ci/replay_out --no-scans --any-layout \
+    --points-topic /lidar_kernels/samples \
+    --topics /lidar_kernels/voxels /lidar_kernels/downsampled /lidar_kernels/samples /lidar_kernels/neighborhoods
+
+step "NVRTC: every kernel x every profile x sm_72/sm_87/sm_90"
+scripts/install-nvrtc.sh >/dev/null
+eval "$(scripts/install-nvrtc.sh --print-env)"
+cargo run --release --quiet -- nvrtc-check
+
+if [[ -z "${LIDAR_KERNELS_SKIP_ROS:-}" && -x test/ros/run.sh ]]; then
+    step "ROS 2 nodes over DDS"
+    test/ros/run.sh
+    if [[ -x scripts/colcon-build.sh ]]; then
+        step "colcon build and installed tree"
+        scripts/colcon-build.sh
+    fi
+fi
+step "all tests passed"
