@@ -607,6 +607,9 @@ struct Grid {
     start: Vec<u32>,
     items: Vec<u32>,
     big: Vec<u32>,
+    /// Per rank: first cell column and row of its range. A pair sharing cells is tested only in
+    /// the cell (max of the two columns, max of the two rows), which both ranges contain.
+    c0: Vec<(u32, u32)>,
 }
 
 impl Grid {
@@ -658,11 +661,21 @@ impl Grid {
             }
             s *= 1.5;
         };
-        let mut g =
-            Grid { x0, y0, inv: 1.0 / s, nx, ny, start: vec![0; nx * ny + 1], items: Vec::new(), big: Vec::new() };
+        let mut g = Grid {
+            x0,
+            y0,
+            inv: 1.0 / s,
+            nx,
+            ny,
+            start: vec![0; nx * ny + 1],
+            items: Vec::new(),
+            big: Vec::new(),
+            c0: Vec::with_capacity(m),
+        };
         let mut ranges = Vec::with_capacity(m);
         for b in bounds {
             let r = g.range(b);
+            g.c0.push((r.0 as u32, r.2 as u32));
             let cells = (r.1 - r.0 + 1) * (r.3 - r.2 + 1);
             if cells > BIG_CELLS {
                 ranges.push(None);
@@ -736,13 +749,17 @@ fn sweep<O: Overlap>(o: &O, cls: Option<&[i32]>, m: usize, post: usize) -> Vec<u
                     }
                     continue;
                 }
+                let (ix0, iy0) = g.c0[i];
                 for cy in r.2..=r.3 {
                     for cx in r.0..=r.1 {
                         let c = cy * g.nx + cx;
                         let list = &g.items[g.start[c] as usize..g.start[c + 1] as usize];
                         let from = list.partition_point(|&j| j as usize <= i);
                         for &j in &list[from..] {
-                            test(i, j as usize, &mut sup);
+                            let (jx0, jy0) = g.c0[j as usize];
+                            if ix0.max(jx0) as usize == cx && iy0.max(jy0) as usize == cy {
+                                test(i, j as usize, &mut sup);
+                            }
                         }
                     }
                 }
