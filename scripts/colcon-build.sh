@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds lidar_kernels as a ROS 2 package with colcon (ament_cargo through colcon-ros-cargo), then
+# checks the installed tree: ament index entry, share/ (package.xml, launch/, config/) and the node
+# executables under lib/lidar_kernels/ (each started and stopped with SIGINT).
+#
+#   bash scripts/colcon-build.sh           # workspace: target/colcon_ws (src/lidar_kernels -> project)
+#   COLCON_WS=/path/ws bash scripts/colcon-build.sh
+#
+# On the PyPI wheels (no system ROS 2) the colcon tools go into the same venv as the wheels.
+# With a system ROS 2 sourced, colcon-ros-cargo is pip-installed into the user site if missing.
+# There is no `ros2` CLI on PyPI: `ros2 run/launch` cannot be checked here.
+set -eo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=ros-env.sh
+source "$root/scripts/ros-env.sh"
+set -u
+
+ws="${COLCON_WS:-$root/target/colcon_ws}"
+pkg=lidar_kernels
+
+# 1. Tools: colcon + colcon-ros-cargo 0.2.0 (pulls colcon-cargo, colcon-ros and cargo-ament-build).
+#    Not colcon-cargo-ros2 (that one is for rclrs and conflicts).
+pip_cmd=(python3 -m pip)
+[ -n "${LIDAR_KERNELS_ROS_WHEELS:-}" ] && pip_cmd=("$LIDAR_KERNELS_ROS_WHEELS/bin/python" -m pip)
+if ! command -v colcon >/dev/null 2>&1 || ! "${pip_cmd[@]}" show colcon-ros-cargo 2>/dev/null | grep -q '^Version: 0.2.0$' ||
+    ! cargo ament-build --help >/dev/null 2>&1; then
+    echo "colcon-build: installing colcon-common-extensions==0.3.0 colcon-ros-cargo==0.2.0"
+    "${pip_cmd[@]}" install -q --disable-pip-version-check colcon-common-extensions==0.3.0 colcon-ros-cargo==0.2.0
+fi
+# colcon skips an ament_cargo package without a word when this fails.
+cargo ament-build --help >/dev/null || { echo "colcon-build: 'cargo ament-build' does not run" >&2; exit 1; }
+[ -f "$root/package.xml" ] || { echo "colcon-build: $root/package.xml is missing" >&2; exit 1; }
+
+# 2. Workspace: src/lidar_kernels is a link to the project.
+mkdir -p "$ws/src"
+ln -sfn "$root" "$ws/src/$pkg"
+
+# 3. Build (release; the `ros` feature is not a default feature). Run from the workspace root.
+t0=$(date +%s)
+(cd "$ws" && colcon build --packages-select "$pkg" --cargo-args --release --features ros)
+echo "colcon build: $(( $(date +%s) - t0 )) s"
+
+# 4. Check the installed tree. (install/setup.bash fails under `set -u`; prefix the path directly.)
+install="$ws/install/$pkg"
+export AMENT_PREFIX_PATH="$install${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
+python3 - "$root" <<'EOF'
+import os, sys
+from ament_index_python.packages import get_package_share_directory, get_package_prefix
+root = sys.argv[1]
+share = get_package_share_directory('lidar_kernels')
+prefix = get_package_prefix('lidar_kernels')
+print('share:', share)
+problems = []
+if not os.path.isfile(os.path.join(share, 'package.xml')):
+    problems.append('share/package.xml missing')
+for d in ('launch', 'config'):
+    src_files = sorted(os.path.relpath(os.path.join(dp, f), os.path.join(root, d))
+                       for dp, _, fs in os.walk(os.path.join(root, d)) for f in fs)
+    inst = os.path.join(share, d)
+    inst_files = sorted(os.path.relpath(os.path.join(dp, f), inst)
+                        for dp, _, fs in os.walk(inst) for f in fs) if os.path.isdir(inst) else None
+    if not src_files:
+        print(f'{d}/: empty in the project (nothing to install)')
+    elif inst_files is None or set(src_files) - set(inst_files):
+        problems.append(f'{d}/ not installed completely: {src_files} vs {inst_files}')
+    else:
+        print(f'{d}/: {len(inst_files)} files installed')
+for b in ('voxelizer', 'sampler', 'neighbors', 'nms', 'pipeline'):
+    exe = os.path.join(prefix, 'lib', 'lidar_kernels', b)
+    if not os.access(exe, os.X_OK):
+        problems.append(f'lib/lidar_kernels/{b} missing or not executable')
+print('\n'.join('PROBLEM: ' + p for p in problems) or 'installed tree: ok')
+sys.exit(1 if problems else 0)
+EOF
+
+# 5. Each installed executable starts (reaches its subscription) and stops cleanly on SIGINT.
+export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$(( 10 + $$ % 90 ))}"
+export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+logdir="$ws/log/lk-start"
+mkdir -p "$logdir"
+fail=0
+for b in voxelizer sampler neighbors nms pipeline; do
+    log="$logdir/$b.log"
+    "$install/lib/$pkg/$b" --ros-args -r __node:="lk_colcon_$b" >"$log" 2>&1 &
+    p=$!
+    ok=1
+    for _ in $(seq 300); do grep -q "input '" "$log" && { ok=0; break; }; kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -INT "$p" 2>/dev/null || true
+    rc=0
+    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then kill -KILL "$p"; rc=124; fi
+    wait "$p" || rc=$?
+    if [ "$ok" = 0 ] && [ "$rc" = 0 ]; then echo "PASS installed $b runs"; else echo "FAIL installed $b (rc $rc): $(tail -3 "$log")"; fail=1; fi
+done
+echo "install: $install"
+exit "$fail"
