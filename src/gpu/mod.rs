@@ -12,6 +12,7 @@ pub mod nvrtc;
 pub mod profile;
 pub mod report;
 pub mod smoke;
+pub mod voxel;
 
 pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
 pub use gather::{upload_and_gather, DeviceCloud};
