@@ -21,7 +21,10 @@
 //!
 //! There is no cap on the number of boxes (beyond `u32` indices). The CPU sweep visits only pairs
 //! whose bounding intervals meet (a BEV grid); every pair it skips provably fails the test, so
-//! the result is exactly the O(n^2) greedy one.
+//! the result is exactly the O(n^2) greedy one. For RotatedBev it also skips pairs whose IoU
+//! bound `fl(m / fl(S - m))` (`m = min(a.area, b.area)`, `S = a.area + b.area`) is not above the
+//! threshold: the computed IoU is non-decreasing in the clamped `inter <= m`, so the decision is
+//! the same (a GPU kernel may use or omit this shortcut).
 //!
 //! # Overlap tests (exact f32 arithmetic)
 //!
