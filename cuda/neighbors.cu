@@ -1,1 +1,535 @@
-// Placeholder: the neighbors kernels are added here by their operator's owner (see src/gpu/kernels.rs).
+// Exact neighbour search on a uniform cell grid built on the device: k nearest neighbours (knn_*)
+// and ball query (ball_*), reproducing src/ops/neighbors.rs bit for bit.
+//
+// Grid build (no host round trip; the host sizes buffers for the worst-case cell count):
+//   grid_bbox     bounding box of the valid (finite) points + their count (atomics on ordered bits)
+//   grid_setup    one thread: cell edge h and dims (f64, same rules as the CPU grid), cell budget
+//   grid_count    cell id per point (f64 floor, clamped), per-cell counts (atomics)
+//   scan_tiles / scan_top / scan_apply   exclusive scan of the counts -> cell starts
+//   grid_scatter  points (x, y, z, index) binned by cell; order inside a cell is arbitrary, which
+//                 cannot change a result: KNN keeps the smallest (dist2, index) keys, ball query the
+//                 smallest indices, both total orders on distinct keys.
+// Queries: one thread per query.
+//   knn: rings of cells (Chebyshev shells) around the query's cell, a sorted top-k list of u64 keys
+//        (dist2 bits << 32 | index) in registers (k <= 32) or in global memory (larger k), runs of
+//        cells whose conservative lower bound exceeds the k-th distance skipped, stop when every
+//        unvisited cell is provably farther than the k-th distance (same f64 bounds as the CPU).
+//   ball: the cells overlapping the ball, candidates with rmin2 <= dist2 < r2, keeping the nsample
+//        smallest indices (= the first nsample in input order) in a bounded sorted list.
+//
+// Compile-time constants: NEIGHBORS_BLOCK (threads per block for every kernel here).
+
+#ifndef NEIGHBORS_BLOCK
+#define NEIGHBORS_BLOCK 256
+#endif
+#if (NEIGHBORS_BLOCK % 32) != 0 || NEIGHBORS_BLOCK > 1024 || NEIGHBORS_BLOCK < 32
+#error "NEIGHBORS_BLOCK must be a multiple of 32 in 32..=1024"
+#endif
+#define NB_WARPS (NEIGHBORS_BLOCK / 32)
+#define SCAN_ITEMS 8
+#define SCAN_TILE (NEIGHBORS_BLOCK * SCAN_ITEMS)
+
+typedef unsigned long long u64;
+
+#define INVALID_CELL 0xffffffffu
+#define KEY_NONE 0xffffffffffffffffull
+
+// Written by grid_setup; read by the later kernels. Must match GRID_PARAMS_WORDS in neighbors.rs.
+struct GridParams {
+    double origin[3];
+    double h;
+    double inv_h;
+    double margin;
+    int dims[3];
+    unsigned int ncells;
+    unsigned int nvalid;
+    unsigned int pad_;
+};
+
+__device__ __forceinline__ float nb_dist2(float ax, float ay, float az, float bx, float by, float bz) {
+    const float dx = __fsub_rn(ax, bx);
+    const float dy = __fsub_rn(ay, by);
+    const float dz = __fsub_rn(az, bz);
+    return __fadd_rn(__fadd_rn(__fmul_rn(dx, dx), __fmul_rn(dy, dy)), __fmul_rn(dz, dz));
+}
+
+__device__ __forceinline__ bool finite3(float x, float y, float z) {
+    return ((__float_as_uint(x) & 0x7f800000u) != 0x7f800000u) && ((__float_as_uint(y) & 0x7f800000u) != 0x7f800000u) &&
+           ((__float_as_uint(z) & 0x7f800000u) != 0x7f800000u);
+}
+
+// Order-preserving map float -> u32 (finite values).
+__device__ __forceinline__ unsigned int ord_enc(float f) {
+    const unsigned int b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float ord_dec(unsigned int e) {
+    return __uint_as_float((e & 0x80000000u) ? (e & 0x7fffffffu) : ~e);
+}
+
+// bbox[0..3] = max of ~enc(v) (i.e. min), bbox[3..6] = max of enc(v), bbox[6] = valid count.
+// All zero before the launch.
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+grid_bbox(const float* __restrict__ xyz, unsigned long long stride, unsigned int n, unsigned int* bbox) {
+    float lo[3] = {__int_as_float(0x7f800000), __int_as_float(0x7f800000), __int_as_float(0x7f800000)};
+    float hi[3] = {__int_as_float(0xff800000), __int_as_float(0xff800000), __int_as_float(0xff800000)};
+    unsigned int cnt = 0;
+    for (unsigned int i = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x; i < n; i += gridDim.x * NEIGHBORS_BLOCK) {
+        const float x = xyz[i], y = xyz[stride + i], z = xyz[2 * stride + i];
+        if (finite3(x, y, z)) {
+            lo[0] = fminf(lo[0], x);
+            lo[1] = fminf(lo[1], y);
+            lo[2] = fminf(lo[2], z);
+            hi[0] = fmaxf(hi[0], x);
+            hi[1] = fmaxf(hi[1], y);
+            hi[2] = fmaxf(hi[2], z);
+            ++cnt;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int a = 0; a < 3; ++a) {
+            lo[a] = fminf(lo[a], __shfl_xor_sync(0xffffffffu, lo[a], o));
+            hi[a] = fmaxf(hi[a], __shfl_xor_sync(0xffffffffu, hi[a], o));
+        }
+        cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    }
+    if ((threadIdx.x & 31u) == 0 && cnt > 0) {
+#pragma unroll
+        for (int a = 0; a < 3; ++a) {
+            atomicMax(&bbox[a], ~ord_enc(lo[a]));
+            atomicMax(&bbox[3 + a], ord_enc(hi[a]));
+        }
+        atomicAdd(&bbox[6], cnt);
+    }
+}
+
+// One thread. mode 0: KNN (h from k), mode 1: ball query (h = radius * 0.5).
+// cells_per_point: the cell budget (the host sized the count arrays for max(cpp * n, 64) cells).
+extern "C" __global__ void grid_setup(const unsigned int* bbox, GridParams* gp, unsigned int mode, unsigned int k,
+                                      float radius, unsigned int max_cells) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    GridParams g;
+    const unsigned int n = bbox[6];
+    g.nvalid = n;
+    g.pad_ = 0;
+    if (n == 0) {
+        for (int a = 0; a < 3; ++a) { g.origin[a] = 0.0; g.dims[a] = 1; }
+        g.h = 1.0;
+        g.inv_h = 1.0;
+        g.margin = 0.0;
+        g.ncells = 0;
+        *gp = g;
+        return;
+    }
+    double lo[3], hi[3], ext[3];
+    for (int a = 0; a < 3; ++a) {
+        lo[a] = (double)ord_dec(~bbox[a]);
+        hi[a] = (double)ord_dec(bbox[3 + a]);
+        ext[a] = hi[a] - lo[a];
+    }
+    const double emax = fmax(ext[0], fmax(ext[1], ext[2]));
+    double h;
+    if (mode == 1) {
+        h = (double)radius * 0.5;
+    } else {
+        // Lidar points lie on surfaces: size cells for ~k/2 points per cell on the area of the two
+        // largest extents. Speed only: any edge gives the same result.
+        const double target = fmax((double)k * 0.5, 2.0);
+        const double floor_e = fmax(emax * 1e-3, 1e-12);
+        double e0 = fmax(ext[0], floor_e), e1 = fmax(ext[1], floor_e), e2 = fmax(ext[2], floor_e);
+        const double smallest = fmin(e0, fmin(e1, e2));
+        const double area = e0 * e1 * e2 / smallest;
+        h = sqrt(area * target / (double)n);
+    }
+    const double budget = fmax((double)max_cells, 64.0);
+    if (!(isfinite(h) && h > 0.0) || h < emax * 1e-7) h = fmax(emax * 1e-7, 2.2250738585072014e-308);
+    double d[3];
+    for (int iter = 0; iter < 100000; ++iter) {
+        const double inv = 1.0 / h;
+        for (int a = 0; a < 3; ++a) d[a] = floor(ext[a] * inv) + 1.0;
+        const double total = d[0] * d[1] * d[2];
+        if (total <= budget && isfinite(total)) break;
+        h *= isfinite(total) ? fmax(cbrt(total / budget), 1.0001) : 2.0;
+    }
+    const double max_abs = fmax(fmax(fmax(fabs(lo[0]), fabs(hi[0])), fmax(fabs(lo[1]), fabs(hi[1]))),
+                                fmax(fabs(lo[2]), fabs(hi[2])));
+    for (int a = 0; a < 3; ++a) {
+        g.origin[a] = lo[a];
+        g.dims[a] = (int)d[a];
+    }
+    g.h = h;
+    g.inv_h = 1.0 / h;
+    g.margin = 1e-9 * (h + max_abs) + 1e-30;
+    g.ncells = (unsigned int)(d[0] * d[1] * d[2]);
+    *gp = g;
+}
+
+__device__ __forceinline__ int cell_coord(const GridParams& g, double v, int a) {
+    const double c = floor((v - g.origin[a]) * g.inv_h);
+    if (c <= 0.0) return 0;
+    if (c >= (double)(g.dims[a] - 1)) return g.dims[a] - 1;
+    return (int)c;
+}
+
+__device__ __forceinline__ unsigned int cell_id(const GridParams& g, int cx, int cy, int cz) {
+    return (unsigned int)((cx * g.dims[1] + cy) * g.dims[2] + cz);
+}
+
+// counts: ncells + 1 zeroed words.
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+grid_count(const float* __restrict__ xyz, unsigned long long stride, unsigned int n, const GridParams* __restrict__ gp,
+           unsigned int* cell_of, unsigned int* counts) {
+    const unsigned int i = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x;
+    if (i >= n) return;
+    const GridParams g = *gp;
+    const float x = xyz[i], y = xyz[stride + i], z = xyz[2 * stride + i];
+    unsigned int c = INVALID_CELL;
+    if (finite3(x, y, z)) {
+        c = cell_id(g, cell_coord(g, (double)x, 0), cell_coord(g, (double)y, 1), cell_coord(g, (double)z, 2));
+        atomicAdd(&counts[c], 1u);
+    }
+    cell_of[i] = c;
+}
+
+__device__ __forceinline__ unsigned int block_excl_scan(unsigned int v, unsigned int* s_warp, unsigned int* total) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    unsigned int incl = v;
+#pragma unroll
+    for (unsigned int o = 1; o < 32; o <<= 1) {
+        const unsigned int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31u) s_warp[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned int w = lane < NB_WARPS ? s_warp[lane] : 0u;
+#pragma unroll
+        for (unsigned int o = 1; o < 32; o <<= 1) {
+            const unsigned int t = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += t;
+        }
+        if (lane < NB_WARPS) s_warp[lane] = w;
+    }
+    __syncthreads();
+    const unsigned int r = (warp > 0 ? s_warp[warp - 1] : 0u) + incl - v;
+    *total = s_warp[NB_WARPS - 1];
+    __syncthreads();
+    return r;
+}
+
+// Sums of SCAN_TILE consecutive counts (cells 0 ..= ncells: the extra zero entry gives start[ncells]).
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+scan_tiles(const unsigned int* __restrict__ counts, const GridParams* __restrict__ gp, unsigned int* tile_sums) {
+    __shared__ unsigned int s_warp[NB_WARPS];
+    const unsigned int len = gp->ncells + 1u;
+    const unsigned int base = blockIdx.x * SCAN_TILE;
+    if (base >= len) return; // uniform per block
+    unsigned int v = 0;
+#pragma unroll
+    for (int j = 0; j < SCAN_ITEMS; ++j) {
+        const unsigned int c = base + j * NEIGHBORS_BLOCK + threadIdx.x;
+        if (c < len) v += counts[c];
+    }
+    unsigned int total;
+    block_excl_scan(v, s_warp, &total);
+    if (threadIdx.x == 0) tile_sums[blockIdx.x] = total;
+}
+
+// One block: exclusive scan of the tile sums in place.
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+scan_top(unsigned int* tile_sums, const GridParams* __restrict__ gp) {
+    __shared__ unsigned int s_warp[NB_WARPS];
+    const unsigned int ntiles = (gp->ncells + 1u + SCAN_TILE - 1u) / SCAN_TILE;
+    unsigned int carry = 0;
+    for (unsigned int base = 0; base < ntiles; base += NEIGHBORS_BLOCK) {
+        const unsigned int t = base + threadIdx.x;
+        const unsigned int v = t < ntiles ? tile_sums[t] : 0u;
+        unsigned int total;
+        const unsigned int ex = block_excl_scan(v, s_warp, &total);
+        if (t < ntiles) tile_sums[t] = carry + ex;
+        carry += total;
+    }
+}
+
+// start[c] = exclusive prefix of counts (c in 0 ..= ncells).
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+scan_apply(const unsigned int* __restrict__ counts, const GridParams* __restrict__ gp,
+           const unsigned int* __restrict__ tile_sums, unsigned int* start) {
+    __shared__ unsigned int s_warp[NB_WARPS];
+    const unsigned int len = gp->ncells + 1u;
+    const unsigned int base = blockIdx.x * SCAN_TILE;
+    if (base >= len) return;
+    // Each thread takes SCAN_ITEMS consecutive cells (blocked arrangement).
+    unsigned int v[SCAN_ITEMS];
+    unsigned int sum = 0;
+    const unsigned int first = base + threadIdx.x * SCAN_ITEMS;
+#pragma unroll
+    for (int j = 0; j < SCAN_ITEMS; ++j) {
+        const unsigned int c = first + j;
+        v[j] = c < len ? counts[c] : 0u;
+        sum += v[j];
+    }
+    unsigned int total;
+    unsigned int run = tile_sums[blockIdx.x] + block_excl_scan(sum, s_warp, &total);
+#pragma unroll
+    for (int j = 0; j < SCAN_ITEMS; ++j) {
+        const unsigned int c = first + j;
+        if (c < len) start[c] = run;
+        run += v[j];
+    }
+}
+
+// counts is consumed (decremented to zero): each point takes a slot from the end of its cell.
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+grid_scatter(const float* __restrict__ xyz, unsigned long long stride, unsigned int n,
+             const unsigned int* __restrict__ cell_of, const unsigned int* __restrict__ start, unsigned int* counts,
+             float4* sorted) {
+    const unsigned int i = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x;
+    if (i >= n) return;
+    const unsigned int c = cell_of[i];
+    if (c == INVALID_CELL) return;
+    const unsigned int pos = start[c] + atomicSub(&counts[c], 1u) - 1u;
+    sorted[pos] = make_float4(xyz[i], xyz[stride + i], xyz[2 * stride + i], __uint_as_float(i));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Sorted bounded lists of u64 keys (ascending), KEY_NONE = empty.
+
+template <int CAP>
+struct RegList {
+    u64 v[CAP];
+    unsigned int k; // live width (<= CAP)
+    u64 kth;        // v[k - 1]
+    __device__ __forceinline__ void init(unsigned int kk, u64* /*unused*/) {
+        k = kk;
+#pragma unroll
+        for (int j = 0; j < CAP; ++j) v[j] = KEY_NONE;
+        kth = KEY_NONE;
+    }
+    // Precondition: key < kth.
+    __device__ __forceinline__ void insert(u64 key) {
+#pragma unroll
+        for (int j = CAP - 1; j > 0; --j) {
+            const u64 a = v[j - 1];
+            v[j] = key < a ? a : (key < v[j] ? key : v[j]);
+        }
+        v[0] = key < v[0] ? key : v[0];
+        u64 t = KEY_NONE;
+#pragma unroll
+        for (int j = 0; j < CAP; ++j)
+            if ((unsigned int)j == k - 1u) t = v[j];
+        kth = t;
+    }
+    __device__ __forceinline__ u64 first() const { return v[0]; }
+    __device__ __forceinline__ void emit_knn(int* oi, float* od) const {
+#pragma unroll
+        for (int j = 0; j < CAP; ++j) {
+            if ((unsigned int)j < k) {
+                const u64 key = v[j];
+                oi[j] = key == KEY_NONE ? -1 : (int)(unsigned int)(key & 0xffffffffull);
+                od[j] = key == KEY_NONE ? __int_as_float(0x7f800000) : __uint_as_float((unsigned int)(key >> 32));
+            }
+        }
+    }
+    __device__ __forceinline__ void emit_ball(int* oi, unsigned int cnt, int pad) const {
+#pragma unroll
+        for (int j = 0; j < CAP; ++j) {
+            if ((unsigned int)j < k) oi[j] = (unsigned int)j < cnt ? (int)(unsigned int)v[j] : pad;
+        }
+    }
+};
+
+struct GlobalList {
+    u64* v;
+    unsigned int k;
+    u64 kth;
+    __device__ __forceinline__ void init(unsigned int kk, u64* row) {
+        v = row;
+        k = kk;
+        for (unsigned int j = 0; j < kk; ++j) v[j] = KEY_NONE;
+        kth = KEY_NONE;
+    }
+    __device__ __forceinline__ void insert(u64 key) {
+        unsigned int j = k - 1u;
+        while (j > 0 && v[j - 1] > key) {
+            v[j] = v[j - 1];
+            --j;
+        }
+        v[j] = key;
+        kth = v[k - 1];
+    }
+    __device__ __forceinline__ u64 first() const { return v[0]; }
+    __device__ __forceinline__ void emit_knn(int* oi, float* od) const {
+        for (unsigned int j = 0; j < k; ++j) {
+            const u64 key = v[j];
+            oi[j] = key == KEY_NONE ? -1 : (int)(unsigned int)(key & 0xffffffffull);
+            od[j] = key == KEY_NONE ? __int_as_float(0x7f800000) : __uint_as_float((unsigned int)(key >> 32));
+        }
+    }
+    __device__ __forceinline__ void emit_ball(int* oi, unsigned int cnt, int pad) const {
+        for (unsigned int j = 0; j < k; ++j) oi[j] = j < cnt ? (int)(unsigned int)v[j] : pad;
+    }
+};
+
+// Lower bound (metres, conservative) of the distance from q to cells lo ..= hi on axis a.
+__device__ __forceinline__ double axis_gap(const GridParams& g, double q, int a, int lo, int hi) {
+    const double l = g.origin[a] + (double)lo * g.h - g.margin;
+    const double u = g.origin[a] + (double)(hi + 1) * g.h + g.margin;
+    return q < l ? l - q : (q > u ? q - u : 0.0);
+}
+
+__device__ __forceinline__ double d2_lower_bound(double dist_sq) { return dist_sq * (1.0 - 1e-6) - 1e-37; }
+
+template <class L>
+__device__ __forceinline__ void knn_scan(const GridParams& g, const unsigned int* __restrict__ start,
+                                         const float4* __restrict__ sorted, float qx, float qy, float qz,
+                                         const double* qf, double gx, double gy, int cx, int cy, int cz0, int cz1,
+                                         L& best) {
+    const unsigned int a = start[cell_id(g, cx, cy, cz0)];
+    const unsigned int b = start[cell_id(g, cx, cy, cz1) + 1u];
+    if (a >= b) return;
+    if (best.kth != KEY_NONE) {
+        const double gz = axis_gap(g, qf[2], 2, cz0, cz1);
+        const float kd = __uint_as_float((unsigned int)(best.kth >> 32));
+        if ((double)kd < d2_lower_bound(gx * gx + gy * gy + gz * gz)) return;
+    }
+    for (unsigned int pos = a; pos < b; ++pos) {
+        const float4 p = sorted[pos];
+        const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+        const u64 key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
+        if (key < best.kth) best.insert(key);
+    }
+}
+
+// Keys are never KEY_NONE (its distance bits would be a NaN), so `kth != KEY_NONE` means full.
+template <class L>
+__device__ __forceinline__ void knn_one(const GridParams& g, const unsigned int* __restrict__ start,
+                                        const float4* __restrict__ sorted, float qx, float qy, float qz, L& best) {
+    const double qf[3] = {(double)qx, (double)qy, (double)qz};
+    const int qc[3] = {cell_coord(g, qf[0], 0), cell_coord(g, qf[1], 1), cell_coord(g, qf[2], 2)};
+    int max_r = 0;
+    for (int a = 0; a < 3; ++a) max_r = max(max_r, max(qc[a], g.dims[a] - 1 - qc[a]));
+    for (int r = 0; r <= max_r; ++r) {
+        const int x0 = max(qc[0] - r, 0), x1 = min(qc[0] + r, g.dims[0] - 1);
+        const int y0 = max(qc[1] - r, 0), y1 = min(qc[1] + r, g.dims[1] - 1);
+        const int z0 = max(qc[2] - r, 0), z1 = min(qc[2] + r, g.dims[2] - 1);
+        for (int cx = x0; cx <= x1; ++cx) {
+            const bool fx = abs(cx - qc[0]) == r;
+            const double gx = axis_gap(g, qf[0], 0, cx, cx);
+            for (int cy = y0; cy <= y1; ++cy) {
+                const bool fy = abs(cy - qc[1]) == r;
+                const double gy = axis_gap(g, qf[1], 1, cy, cy);
+                if (fx || fy) {
+                    knn_scan(g, start, sorted, qx, qy, qz, qf, gx, gy, cx, cy, z0, z1, best);
+                } else {
+                    if (qc[2] - r >= 0) knn_scan(g, start, sorted, qx, qy, qz, qf, gx, gy, cx, cy, qc[2] - r, qc[2] - r, best);
+                    if (qc[2] + r < g.dims[2]) knn_scan(g, start, sorted, qx, qy, qz, qf, gx, gy, cx, cy, qc[2] + r, qc[2] + r, best);
+                }
+            }
+        }
+        if (best.kth != KEY_NONE) {
+            double gap = __longlong_as_double(0x7ff0000000000000ll);
+            for (int a = 0; a < 3; ++a) {
+                if (qc[a] - r > 0) gap = fmin(gap, qf[a] - (g.origin[a] + (double)(qc[a] - r) * g.h));
+                if (qc[a] + r < g.dims[a] - 1) gap = fmin(gap, (g.origin[a] + (double)(qc[a] + r + 1) * g.h) - qf[a]);
+            }
+            if (isinf(gap)) break;
+            const double gg = fmax(gap - g.margin, 0.0);
+            const float kd = __uint_as_float((unsigned int)(best.kth >> 32));
+            if ((double)kd < d2_lower_bound(gg * gg)) break;
+        }
+    }
+}
+
+template <class L>
+__device__ __forceinline__ void knn_kernel_body(const float* __restrict__ qxyz, unsigned long long qstride, unsigned int m,
+                                                const GridParams* __restrict__ gp, const unsigned int* __restrict__ start,
+                                                const float4* __restrict__ sorted, unsigned int k, int* __restrict__ out_idx,
+                                                float* __restrict__ out_d, u64* scratch) {
+    const unsigned int q = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x;
+    if (q >= m) return;
+    const GridParams g = *gp;
+    const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
+    L best;
+    best.init(k, scratch + (u64)q * k);
+    if (g.ncells > 0 && finite3(qx, qy, qz)) knn_one(g, start, sorted, qx, qy, qz, best);
+    int* oi = out_idx + (u64)q * k;
+    float* od = out_d + (u64)q * k;
+    best.emit_knn(oi, od);
+}
+
+#define KNN_ARGS                                                                                             \
+    const float *__restrict__ qxyz, unsigned long long qstride, unsigned int m, const GridParams *__restrict__ gp, \
+        const unsigned int *__restrict__ start, const float4 *__restrict__ sorted, unsigned int k,                \
+        int *__restrict__ out_idx, float *__restrict__ out_d, u64 *scratch
+#define KNN_PASS qxyz, qstride, m, gp, start, sorted, k, out_idx, out_d, scratch
+
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_8(KNN_ARGS) { knn_kernel_body<RegList<8>>(KNN_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_16(KNN_ARGS) { knn_kernel_body<RegList<16>>(KNN_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_32(KNN_ARGS) { knn_kernel_body<RegList<32>>(KNN_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_global(KNN_ARGS) { knn_kernel_body<GlobalList>(KNN_PASS); }
+
+// ------------------------------------------------------------------------------------------------
+// Ball query. pad_first: 1 = FirstFound, 0 = Minus1.
+
+template <class L>
+__device__ __forceinline__ void ball_kernel_body(const float* __restrict__ qxyz, unsigned long long qstride, unsigned int m,
+                                                 const GridParams* __restrict__ gp, const unsigned int* __restrict__ start,
+                                                 const float4* __restrict__ sorted, unsigned int ns, float radius,
+                                                 float r2, float rmin2, unsigned int pad_first, int* __restrict__ out_idx,
+                                                 unsigned int* __restrict__ out_cnt, u64* scratch) {
+    const unsigned int q = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x;
+    if (q >= m) return;
+    const GridParams g = *gp;
+    const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
+    L best;
+    best.init(ns, scratch + (u64)q * ns);
+    unsigned int found = 0;
+    if (g.ncells > 0 && finite3(qx, qy, qz)) {
+        const double qf[3] = {(double)qx, (double)qy, (double)qz};
+        const double reach = (double)radius * (1.0 + 1e-5) + g.margin;
+        int lo[3], hi[3];
+        for (int a = 0; a < 3; ++a) {
+            lo[a] = cell_coord(g, qf[a] - reach, a);
+            hi[a] = cell_coord(g, qf[a] + reach, a);
+        }
+        const double reach2 = reach * reach;
+        for (int cx = lo[0]; cx <= hi[0]; ++cx) {
+            const double gx = axis_gap(g, qf[0], 0, cx, cx);
+            for (int cy = lo[1]; cy <= hi[1]; ++cy) {
+                const double gy = axis_gap(g, qf[1], 1, cy, cy);
+                if (gx * gx + gy * gy > reach2) continue;
+                const unsigned int a = start[cell_id(g, cx, cy, lo[2])];
+                const unsigned int b = start[cell_id(g, cx, cy, hi[2]) + 1u];
+                for (unsigned int pos = a; pos < b; ++pos) {
+                    const float4 p = sorted[pos];
+                    const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+                    if (rmin2 <= d && d < r2) {
+                        ++found;
+                        const u64 key = (u64)__float_as_uint(p.w);
+                        if (key < best.kth) best.insert(key);
+                    }
+                }
+            }
+        }
+    }
+    const unsigned int cnt = found < ns ? found : ns;
+    out_cnt[q] = cnt;
+    int* oi = out_idx + (u64)q * ns;
+    const int pad = (cnt > 0 && pad_first) ? (int)(unsigned int)best.first() : -1;
+    best.emit_ball(oi, cnt, pad);
+}
+
+#define BALL_ARGS                                                                                            \
+    const float *__restrict__ qxyz, unsigned long long qstride, unsigned int m, const GridParams *__restrict__ gp, \
+        const unsigned int *__restrict__ start, const float4 *__restrict__ sorted, unsigned int ns, float radius,  \
+        float r2, float rmin2, unsigned int pad_first, int *__restrict__ out_idx, unsigned int *__restrict__ out_cnt, \
+        u64 *scratch
+#define BALL_PASS qxyz, qstride, m, gp, start, sorted, ns, radius, r2, rmin2, pad_first, out_idx, out_cnt, scratch
+
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_8(BALL_ARGS) { ball_kernel_body<RegList<8>>(BALL_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_16(BALL_ARGS) { ball_kernel_body<RegList<16>>(BALL_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_32(BALL_ARGS) { ball_kernel_body<RegList<32>>(BALL_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_global(BALL_ARGS) { ball_kernel_body<GlobalList>(BALL_PASS); }

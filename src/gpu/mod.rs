@@ -6,8 +6,10 @@
 //! without NVRTC builds and runs the CPU backend; nothing here panics when a library is missing.
 
 pub mod context;
+pub mod fps;
 pub mod gather;
 pub mod kernels;
+pub mod neighbors;
 pub mod nvrtc;
 pub mod profile;
 pub mod report;

@@ -1,0 +1,552 @@
+//! GPU farthest point sampling (`cuda/fps.cu`): the same selection as [`crate::ops::fps`], bit for
+//! bit, on device-resident points.
+//!
+//! One launch samples one cloud or a batch of ragged clouds. Each cloud gets G blocks: with G = 1 a
+//! block runs the whole FPS of its cloud (the batched case); with G > 1 the G blocks of a cloud are
+//! co-resident (cooperative launch) and exchange their block arg-max through a double-buffered board
+//! and a per-cloud arrival counter each iteration. Points (x, y, z, min distance) stay in registers
+//! (up to 8 per thread, `FPS_BLOCK * 8 * G` points per cloud), else the kernel re-reads them from
+//! global memory (L2) with the min distances in a global scratch array.
+
+use super::context::GrowBuffer;
+use super::report::{BenchRow, CheckRow};
+use super::{upload_and_gather, DeviceCloud, GpuContext, GpuError};
+use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
+use crate::ops::fps::{self as cpu_fps, BatchedFps, FpsOutput, FpsParams};
+use crate::ops::{ParamError, Validate};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::path::Path;
+
+/// Device x, y, z columns: `x = data[0..len]`, `y = data[stride..stride + len]`,
+/// `z = data[2 * stride..2 * stride + len]` (the layout of a [`DeviceCloud`]).
+#[derive(Clone, Copy)]
+pub struct DeviceXyz<'a> {
+    pub data: &'a CudaSlice<f32>,
+    pub stride: usize,
+    pub len: usize,
+}
+
+impl<'a> DeviceXyz<'a> {
+    pub fn new(data: &'a CudaSlice<f32>, stride: usize, len: usize) -> Result<Self, GpuError> {
+        if len > stride || (len > 0 && data.len() < 2 * stride + len) {
+            return Err(GpuError::Unsupported(format!(
+                "device xyz: {len} points with stride {stride} need {} floats, buffer has {}",
+                2 * stride + len,
+                data.len()
+            )));
+        }
+        Ok(Self { data, stride, len })
+    }
+}
+
+impl<'a> From<&'a DeviceCloud> for DeviceXyz<'a> {
+    fn from(c: &'a DeviceCloud) -> Self {
+        Self { data: &c.data, stride: c.capacity, len: c.len }
+    }
+}
+
+/// Uploads host x, y, z columns as one device buffer (stride = len).
+pub fn upload_xyz(ctx: &GpuContext, x: &[f32], y: &[f32], z: &[f32]) -> Result<CudaSlice<f32>, GpuError> {
+    let n = x.len();
+    let mut all = Vec::with_capacity(3 * n.max(1));
+    all.extend_from_slice(x);
+    all.extend_from_slice(&y[..n]);
+    all.extend_from_slice(&z[..n]);
+    if all.is_empty() {
+        all.push(0.0);
+    }
+    Ok(ctx.stream.clone_htod(&all)?)
+}
+
+pub(crate) fn param_err(e: ParamError) -> GpuError {
+    GpuError::Unsupported(format!("invalid parameter: {e}"))
+}
+
+/// Must match `struct FpsKernelParams` in cuda/fps.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct FpsKernelParams {
+    stride: u64,
+    num_clouds: u32,
+    group: u32,
+    k: u32,
+    start: u32,
+    chunk: u32,
+    pad_: u32,
+}
+// SAFETY: repr(C), plain integers, layout identical to the CUDA struct (8 + 6 * 4 bytes).
+unsafe impl DeviceRepr for FpsKernelParams {}
+
+/// Grow-only device buffers of the FPS launches (reuse one across frames: nothing is allocated in
+/// steady state). After [`fps_enqueue`], [`FpsScratch::indices`] holds the `[B, K]` result.
+pub struct FpsScratch {
+    md: GrowBuffer<f32>,
+    board_key: GrowBuffer<u64>,
+    board_xyz: GrowBuffer<f32>,
+    counters: GrowBuffer<u32>,
+    offsets: GrowBuffer<u32>,
+    out: GrowBuffer<i32>,
+    uploaded_offsets: Vec<u32>,
+    out_len: usize,
+    /// The last launch: kernel name, blocks per cloud.
+    pub last_plan: (String, u32),
+}
+
+impl FpsScratch {
+    pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
+        let s = &ctx.stream;
+        Ok(Self {
+            md: GrowBuffer::new(s, 0)?,
+            board_key: GrowBuffer::new(s, 0)?,
+            board_xyz: GrowBuffer::new(s, 0)?,
+            counters: GrowBuffer::new(s, 0)?,
+            offsets: GrowBuffer::new(s, 0)?,
+            out: GrowBuffer::new(s, 0)?,
+            uploaded_offsets: Vec::new(),
+            out_len: 0,
+            last_plan: (String::new(), 0),
+        })
+    }
+
+    /// The device result of the last [`fps_enqueue`]: `[B, K]` row-major local indices, -1 padded.
+    pub fn indices(&mut self, ctx: &GpuContext) -> Result<cudarc::driver::CudaView<'_, i32>, GpuError> {
+        let n = self.out_len;
+        Ok(self.out.ensure(&ctx.stream, n.max(1))?.slice(..n))
+    }
+
+    fn download(&mut self, ctx: &GpuContext) -> Result<Vec<i32>, GpuError> {
+        let n = self.out_len;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let v = ctx.stream.clone_dtoh(&self.out.ensure(&ctx.stream, n)?.slice(..n))?;
+        ctx.stream.synchronize()?;
+        Ok(v)
+    }
+}
+
+/// Enqueues FPS of the clouds `offsets[b] .. offsets[b + 1]` of `points` (validated lengths; no
+/// host synchronisation). The result stays in `scratch` (see [`FpsScratch::indices`]).
+pub fn fps_enqueue(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    offsets: &[usize],
+    params: &FpsParams,
+) -> Result<(), GpuError> {
+    params.validate().map_err(param_err)?;
+    let nb = offsets.len().saturating_sub(1);
+    let k = params.num_samples;
+    let total = *offsets.last().unwrap_or(&0);
+    if total > points.len {
+        return Err(GpuError::Unsupported(format!("offsets cover {total} points, the device cloud has {}", points.len)));
+    }
+    if total >= u32::MAX as usize || k > i32::MAX as usize || nb * k > (i32::MAX as usize) * 4 {
+        return Err(GpuError::Unsupported("FPS: too many points or samples for 32-bit indices".into()));
+    }
+    let mut maxlen = 0usize;
+    for (b, w) in offsets.windows(2).enumerate() {
+        let l = w[1].checked_sub(w[0]).ok_or_else(|| GpuError::Unsupported("offsets must not decrease".into()))?;
+        if l > 0 && params.start_index >= l {
+            return Err(param_err(ParamError::new(
+                "start_index",
+                params.start_index,
+                &format!("< number of points of every non-empty cloud (cloud {b} has {l})"),
+            )));
+        }
+        maxlen = maxlen.max(l);
+    }
+    let stream = &ctx.stream;
+    scratch.out_len = nb * k;
+    if nb == 0 {
+        return Ok(());
+    }
+
+    // Plan: fewest blocks per cloud with points in registers, else the memory path.
+    let b = ctx.profile.block_size.fps as usize;
+    let gmin = maxlen.div_ceil(b * 8).max(1);
+    let ppt = [1usize, 2, 4, 8].into_iter().find(|p| b * p * gmin >= maxlen).unwrap_or(8);
+    let mut name = format!("fps_reg_{ppt}");
+    let mut group = gmin;
+    let mut chunk = b * ppt;
+    if gmin > 1 {
+        let func = ctx.function("fps", &name)?;
+        let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(b as u32, 0, None)? as usize;
+        let resident = per_sm * ctx.sm_count as usize;
+        if nb * gmin > resident {
+            let fm = ctx.function("fps", "fps_mem")?;
+            let per_sm = fm.occupancy_max_active_blocks_per_multiprocessor(b as u32, 0, None)? as usize;
+            let resident = (per_sm * ctx.sm_count as usize).max(1);
+            name = "fps_mem".into();
+            group = (resident / nb).clamp(1, gmin);
+            chunk = maxlen.div_ceil(group);
+        }
+    }
+    let cooperative = group > 1;
+    scratch.last_plan = (name.clone(), group as u32);
+
+    let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
+    let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
+    if scratch.uploaded_offsets != offs {
+        stream.memcpy_htod(&offs, &mut offs_dev.slice_mut(..offs.len()))?;
+        scratch.uploaded_offsets = offs;
+    }
+    let md = scratch.md.ensure(stream, if name == "fps_mem" { total.max(1) } else { 1 })?;
+    let entries = nb * 2 * group;
+    let board_key = scratch.board_key.ensure(stream, entries)?;
+    let board_xyz = scratch.board_xyz.ensure(stream, entries * 4)?;
+    let counters = scratch.counters.ensure(stream, nb)?;
+    stream.memset_zeros(&mut counters.slice_mut(..nb))?;
+    let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    let p = FpsKernelParams {
+        stride: points.stride as u64,
+        num_clouds: nb as u32,
+        group: group as u32,
+        k: k as u32,
+        start: params.start_index as u32,
+        chunk: chunk as u32,
+        pad_: 0,
+    };
+    let func = ctx.function("fps", &name)?;
+    let cfg = LaunchConfig { grid_dim: ((nb * group) as u32, 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
+    let mut l = stream.launch_builder(&func);
+    l.arg(points.data);
+    l.arg(&*offs_dev);
+    l.arg(&mut *out);
+    l.arg(&mut *md);
+    l.arg(&mut *board_key);
+    l.arg(&mut *board_xyz);
+    l.arg(&mut *counters);
+    l.arg(&p);
+    // SAFETY: argument order and types match `fps_*` in cuda/fps.cu; buffers: out >= nb * k,
+    // offsets nb + 1, board nb * 2 * group entries, counters nb (zeroed), md >= total (memory path),
+    // points cover `total` with `stride`. Cooperative launches guarantee the co-residency the
+    // per-cloud spin barrier needs.
+    unsafe {
+        if cooperative {
+            l.launch_cooperative(cfg)?;
+        } else {
+            l.launch(cfg)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`crate::ops::fps::farthest_point_sample`] on the device.
+pub fn farthest_point_sample(ctx: &GpuContext, points: DeviceXyz<'_>, params: &FpsParams) -> Result<FpsOutput, GpuError> {
+    let mut s = FpsScratch::new(ctx)?;
+    farthest_point_sample_with(ctx, &mut s, points, params)
+}
+
+pub fn farthest_point_sample_with(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    params: &FpsParams,
+) -> Result<FpsOutput, GpuError> {
+    params.validate().map_err(param_err)?;
+    if points.len > 0 && params.start_index >= points.len {
+        return Err(param_err(ParamError::new(
+            "start_index",
+            params.start_index,
+            &format!("< number of points ({})", points.len),
+        )));
+    }
+    fps_enqueue(ctx, scratch, points, &[0, points.len], params)?;
+    Ok(FpsOutput { indices: scratch.download(ctx)? })
+}
+
+/// [`crate::ops::fps::farthest_point_sample_batched`] on the device: cloud b is points
+/// `offsets[b] .. offsets[b] + lengths[b]` of `points`.
+pub fn farthest_point_sample_batched(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    lengths: &[usize],
+    params: &FpsParams,
+) -> Result<BatchedFps, GpuError> {
+    let mut s = FpsScratch::new(ctx)?;
+    farthest_point_sample_batched_with(ctx, &mut s, points, lengths, params)
+}
+
+pub fn farthest_point_sample_batched_with(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    lengths: &[usize],
+    params: &FpsParams,
+) -> Result<BatchedFps, GpuError> {
+    params.validate().map_err(param_err)?;
+    let mut offsets = vec![0usize];
+    for &l in lengths {
+        offsets.push(offsets.last().unwrap() + l);
+    }
+    if *offsets.last().unwrap() != points.len {
+        return Err(param_err(ParamError::new(
+            "lengths",
+            format!("sum {}", offsets.last().unwrap()),
+            &format!("sum of lengths = number of points ({})", points.len),
+        )));
+    }
+    fps_enqueue(ctx, scratch, points, &offsets, params)?;
+    Ok(BatchedFps { indices: scratch.download(ctx)?, offsets, num_samples: params.num_samples })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Checks and benchmarks
+
+/// Deterministic generator for the checks (splitmix64).
+pub(crate) struct Rng(u64);
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub(crate) fn f32(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+    pub(crate) fn cloud(&mut self, n: usize, half: f32) -> Cloud {
+        let (mut x, mut y, mut z) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            x.push(self.f32(-half, half));
+            y.push(self.f32(-half, half));
+            z.push(self.f32(-half / 8.0, half / 8.0));
+        }
+        Cloud::from_xyz(x, y, z)
+    }
+    /// Points on a coarse integer lattice: many exact duplicates and equal distances.
+    pub(crate) fn lattice(&mut self, n: usize, side: u64) -> Cloud {
+        let mut pts = Vec::with_capacity(n);
+        for _ in 0..n {
+            pts.push([self.below(side) as f32, self.below(side) as f32, self.below(side.div_ceil(2)) as f32]);
+        }
+        Cloud::from_points(&pts)
+    }
+}
+
+/// Uploads a host cloud through the PointCloud2 gather path; returns the device cloud and the
+/// host cloud the CPU reference must see (the gathered one).
+pub(crate) fn upload_cloud(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), GpuError> {
+    let msg = PointCloud2::from_cloud(Header::default(), cloud, &PointLayout::packed_f32(&["x", "y", "z"]));
+    let cpu = crate::cloud::gather(&msg)?;
+    let dev = upload_and_gather(ctx, &msg)?;
+    Ok((dev, cpu.cloud))
+}
+
+pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, Cloud), GpuError> {
+    let scan = crate::bag::sample::load_ouster_bin(path).map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+    let msg = PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::ouster());
+    let cpu = crate::cloud::gather(&msg)?;
+    let dev = upload_and_gather(ctx, &msg)?;
+    Ok((dev, cpu.cloud))
+}
+
+fn first_diff<T: PartialEq + std::fmt::Debug>(a: &[T], b: &[T]) -> String {
+    if a.len() != b.len() {
+        return format!("lengths differ: gpu {} cpu {}", a.len(), b.len());
+    }
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => format!("first difference at {i}: gpu {:?} cpu {:?}", a[i], b[i]),
+        None => String::new(),
+    }
+}
+
+fn row(operator: &str, case: &str, points: usize, same: bool, det: bool, detail: String) -> CheckRow {
+    CheckRow {
+        operator: operator.into(),
+        case: case.into(),
+        points,
+        integers_identical: same,
+        max_rel_err: 0.0,
+        float_tolerance: 0.0,
+        deterministic: det,
+        detail,
+    }
+}
+
+const SCAN0_PREFIX: [i32; 10] = [0, 45184, 45610, 39325, 45611, 6407, 54302, 48405, 64409, 41877];
+
+/// GPU vs CPU FPS over the Ouster scans in `ouster_dir` and random clouds from `seed`.
+pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+    let mut rows = Vec::new();
+    let mut scratch = FpsScratch::new(ctx)?;
+    let mut single = |rows: &mut Vec<CheckRow>, case: &str, dev: DeviceXyz<'_>, host: &Cloud, params: &FpsParams| -> Result<Vec<i32>, GpuError> {
+        let cpu = cpu_fps::farthest_point_sample(host, params).map_err(param_err)?;
+        let g1 = farthest_point_sample_with(ctx, &mut scratch, dev, params)?;
+        let plan = scratch.last_plan.clone();
+        let g2 = farthest_point_sample_with(ctx, &mut scratch, dev, params)?;
+        let same = g1.indices == cpu.indices;
+        let mut detail = format!("K={} start={} via {} x{}", params.num_samples, params.start_index, plan.0, plan.1);
+        if !same {
+            detail += &format!("; {}", first_diff(&g1.indices, &cpu.indices));
+        }
+        rows.push(row("fps", case, host.len(), same, g1 == g2, detail));
+        Ok(g1.indices)
+    };
+
+    // Real scans through the PointCloud2 gather path.
+    let mut files: Vec<_> = std::fs::read_dir(ouster_dir)
+        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", ouster_dir.display())))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    files.sort();
+    for f in &files {
+        let name = f.file_stem().unwrap().to_string_lossy().to_string();
+        let (dev, host) = load_scan(ctx, f)?;
+        let p = FpsParams { num_samples: 4096, start_index: 0 };
+        let got = single(&mut rows, &name, (&dev).into(), &host, &p)?;
+        if name == "os1-128_scan0" {
+            let ok = got.len() >= 10 && got[..10] == SCAN0_PREFIX;
+            rows.push(row("fps", "os1-128_scan0 published prefix", host.len(), ok, true, format!("{:?}", &got[..10.min(got.len())])));
+        }
+    }
+
+    // Random clouds.
+    let mut rng = Rng::new(seed);
+    let cases: Vec<(String, Cloud, FpsParams)> = vec![
+        ("empty".into(), Cloud::from_xyz(vec![], vec![], vec![]), FpsParams { num_samples: 5, start_index: 0 }),
+        ("one point, K=3".into(), rng.cloud(1, 10.0), FpsParams { num_samples: 3, start_index: 0 }),
+        ("300 random, K=300".into(), rng.cloud(300, 10.0), FpsParams { num_samples: 300, start_index: 17 }),
+        ("300 random, K=400 (-1 pad)".into(), rng.cloud(300, 10.0), FpsParams { num_samples: 400, start_index: 299 }),
+        ("all identical 1000, K=1200".into(), Cloud::from_points(&vec![[1.5f32, -2.0, 0.25]; 1000]), FpsParams { num_samples: 1200, start_index: 3 }),
+        ("lattice dups 20000, K=2048".into(), rng.lattice(20000, 12), FpsParams { num_samples: 2048, start_index: 5 }),
+        ("100k random, K=1024".into(), rng.cloud(100_000, 50.0), FpsParams { num_samples: 1024, start_index: 12345 }),
+        ("1.2M random, K=48".into(), rng.cloud(1_200_000, 80.0), FpsParams { num_samples: 48, start_index: 7 }),
+    ];
+    for (case, cloud, p) in &cases {
+        let (dev, host) = upload_cloud(ctx, cloud)?;
+        single(&mut rows, case, (&dev).into(), &host, p)?;
+    }
+
+    // Batched ragged clouds (one device cloud, clouds back to back).
+    let mut batched = |case: &str, clouds: &[Cloud], p: &FpsParams| -> Result<(), GpuError> {
+        let lengths: Vec<usize> = clouds.iter().map(|c| c.len()).collect();
+        let mut x = Vec::new();
+        let mut y = Vec::new();
+        let mut z = Vec::new();
+        for c in clouds {
+            x.extend_from_slice(c.x());
+            y.extend_from_slice(c.y());
+            z.extend_from_slice(c.z());
+        }
+        let all = Cloud::from_xyz(x, y, z);
+        let (dev, host) = upload_cloud(ctx, &all)?;
+        let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, p).map_err(param_err)?;
+        let g1 = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, p)?;
+        let plan = scratch.last_plan.clone();
+        let g2 = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, p)?;
+        let same = g1 == cpu;
+        let mut detail = format!("B={} lengths {:?} K={} via {} x{}", lengths.len(), lengths, p.num_samples, plan.0, plan.1);
+        if !same {
+            detail += &format!("; {}", first_diff(&g1.indices, &cpu.indices));
+        }
+        rows.push(row("fps_batched", case, host.len(), same, g1 == g2, detail));
+        Ok(())
+    };
+    let ragged: Vec<Cloud> =
+        vec![rng.cloud(5000, 20.0), Cloud::from_xyz(vec![], vec![], vec![]), rng.cloud(1, 1.0), rng.lattice(16384, 10), rng.cloud(300, 5.0), rng.cloud(20000, 30.0)];
+    batched("ragged 6 clouds (one empty), K=512", &ragged, &FpsParams { num_samples: 512, start_index: 0 })?;
+    if let Some(f) = files.iter().find(|f| f.ends_with("os1-128_scan0.bin")) {
+        let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        let clouds: Vec<Cloud> = (0..8)
+            .map(|b| {
+                let idx: Vec<usize> = (0..16384).map(|j| (j * 6 + b) % scan.len()).collect();
+                let s = scan.select(&idx);
+                Cloud::from_xyz(s.x().to_vec(), s.y().to_vec(), s.z().to_vec())
+            })
+            .collect();
+        batched("scan0 8 x 16384, K=1024", &clouds, &FpsParams { num_samples: 1024, start_index: 0 })?;
+    }
+    Ok(rows)
+}
+
+/// Reads `name.bin` of a workloads directory (raw little-endian) with its shape from manifest.json.
+pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usize>), GpuError> {
+    let man = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| GpuError::Unsupported(format!("manifest.json: {e}")))?;
+    let key = format!("\"{name}\"");
+    let at = man.find(&key).ok_or_else(|| GpuError::Unsupported(format!("{name} not in manifest.json")))?;
+    let rest = &man[at..];
+    let s = rest.find("\"shape\"").ok_or_else(|| GpuError::Unsupported(format!("{name}: no shape")))?;
+    let open = rest[s..].find('[').unwrap() + s;
+    let close = rest[open..].find(']').unwrap() + open;
+    let shape: Vec<usize> = rest[open + 1..close].split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    let bytes = std::fs::read(dir.join(format!("{name}.bin"))).map_err(|e| GpuError::Unsupported(format!("{name}.bin: {e}")))?;
+    Ok((bytes, shape))
+}
+
+/// An `[N, 3]` float32 workload as x, y, z columns.
+pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), GpuError> {
+    let (bytes, _shape) = read_workload(dir, name)?;
+    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let n = v.len() / 3;
+    Ok(((0..n).map(|i| v[3 * i]).collect(), (0..n).map(|i| v[3 * i + 1]).collect(), (0..n).map(|i| v[3 * i + 2]).collect()))
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// GPU time (CUDA events) of `f`, median of `runs` after `warm` warm-up runs.
+pub(crate) fn time_ms(ctx: &GpuContext, warm: usize, runs: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<f64, GpuError> {
+    for _ in 0..warm {
+        f()?;
+    }
+    ctx.synchronize()?;
+    let mut t = ctx.stage_timer();
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        t.start()?;
+        f()?;
+        t.stage("op")?;
+        v.push(t.finish()?[0].1 as f64);
+    }
+    Ok(median(v))
+}
+
+/// FPS benchmarks on the fixed workloads (W2a, W2b, W2c).
+pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
+    let mut rows = Vec::new();
+    let mut scratch = FpsScratch::new(ctx)?;
+    let mut one = |name: &str, wl: &str, clouds: usize, k: usize, runs: usize, target: Option<f64>, peer: Option<f64>| -> Result<(), GpuError> {
+        let (x, y, z) = workload_xyz(workloads, wl)?;
+        let n = x.len();
+        let buf = upload_xyz(ctx, &x, &y, &z)?;
+        let pts = DeviceXyz::new(&buf, n, n)?;
+        let per = n / clouds;
+        let offsets: Vec<usize> = (0..=clouds).map(|b| b * per).collect();
+        let p = FpsParams { num_samples: k, start_index: 0 };
+        let ms = time_ms(ctx, 2, runs, || fps_enqueue(ctx, &mut scratch, pts, &offsets, &p))?;
+        rows.push(BenchRow {
+            operator: "fps".into(),
+            workload: name.into(),
+            points: n,
+            median_ms: ms,
+            runs,
+            min_bytes: (n * 12 + clouds * k * 4) as u64,
+            target_ms: target,
+            peer_ms: peer,
+            note: format!("{} clouds, K={k}, {} x{} blocks/cloud", clouds, scratch.last_plan.0, scratch.last_plan.1),
+        });
+        Ok(())
+    };
+    one("W2a scan0 107,647 -> 4096", "scan0_xyz", 1, 4096, 20, Some(3.0), Some(291.0))?;
+    one("W2b 8 x 16384 -> 1024", "w2b_xyz", 8, 1024, 20, Some(1.0), Some(11.5))?;
+    one("W2c 1M -> 16384", "w2c_xyz", 1, 16384, 5, None, Some(10526.0))?;
+    Ok(rows)
+}
