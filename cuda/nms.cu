@@ -1,1 +1,515 @@
-// Placeholder: the nms kernels are added here by their operator's owner (see src/gpu/kernels.rs).
+// Non-maximum suppression on the device: sort, suppression bitmask, greedy sweep, keep list.
+// Semantics and every formula: src/ops/nms.rs (the CPU reference). Host side: src/gpu/nms.rs.
+//
+// Pipeline (one stream, no host round trip):
+//   nms_keys     per input box: 64-bit key (descending score bits << 32 | index) for candidates
+//                (score >= score_threshold), all-ones otherwise; counts candidates; zeroes scratch.
+//   nms_rank     rank[i] = #keys smaller than key[i] (exact counting sort: keys are unique, so the
+//                ranks are a permutation; deterministic); the j range is split over grid.y and the
+//                partial counts added with integer atomics.
+//   nms_prep     candidates with rank < pre_max_size: order[rank] = i and the kind's per-box
+//                preparation (exact f32, see ops/nms.rs) stored by rank.
+//   nms_mask_*   one 64-thread block per (row tile, column tile >= row tile) of the upper
+//                triangle: bit k of row r's word is set when rank r suppresses rank 64*ct + k.
+//                Diagonal words go to diag[r]; other non-zero words are appended to the row
+//                tile's entry list (row, column tile, word) - the mask is sparse because two boxes
+//                far apart never suppress each other, so only non-zero words are stored.
+//   nms_sweep    one block walks the row tiles in rank order: the tile's kept rows are resolved
+//                from the removed word and the diagonal words, then the kept rows' entries are
+//                OR-ed into the shared-memory 'removed' bitvector; the next tile's entries are
+//                prefetched into registers meanwhile. Writes the keep list (input indices).
+//
+// All arithmetic of the overlap tests uses __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never
+// contracted into FMA, whatever the flags) in the exact order of the CPU reference.
+
+#ifndef NMS_BLOCK
+#define NMS_BLOCK 64
+#endif
+#ifndef NMS_TILE
+#define NMS_TILE 64
+#endif
+
+static_assert(NMS_TILE == 64, "NMS_TILE must be 64: one u64 suppression word per (row, column tile)");
+static_assert(NMS_BLOCK == NMS_TILE, "the mask kernel runs one thread per row of a tile");
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define NMS_AUX_BLOCK 256
+// Per-box preparation: PREP_STRIDE floats per rank; the class id (int bits) is the last one.
+#define PREP_STRIDE 12
+#define PREP_CLS 11
+#define KIND_AA 0
+#define KIND_ROT 1
+#define KIND_CIRCLE 2
+// Sweep: threads and prefetched entries per thread (entries per tile held in shared memory).
+#define SWEEP_THREADS 512
+#define SWEEP_PF 4
+#define SWEEP_EPT (SWEEP_THREADS * SWEEP_PF)
+
+#define FULL_MASK 0xffffffffu
+
+// ------------------------------------------------------------------------------------------
+// Portable sincos, op for op as ops::nms::sincos_f32.
+
+__device__ __forceinline__ void sincos_portable(float yaw, float* s_out, float* c_out) {
+    const float PIO2_C1 = __int_as_float(0x3fc90000);
+    const float PIO2_C2 = __int_as_float(0x39fda000);
+    const float PIO2_C3 = __int_as_float(0x33a22000);
+    const float PIO2_C4 = __int_as_float(0x2c346000);
+    const float PIO2_C5 = __int_as_float(0x248d3132);
+    const float TWO_OVER_PI = __int_as_float(0x3f22f983);
+    const float S3 = __int_as_float(0xbe2aaaab);
+    const float S5 = __int_as_float(0x3c088889);
+    const float S7 = __int_as_float(0xb9500d01);
+    const float S9 = __int_as_float(0x3638ef1d);
+    const float K4 = __int_as_float(0x3d2aaaab);
+    const float K6 = __int_as_float(0xbab60b61);
+    const float K8 = __int_as_float(0x37d00d01);
+    const float K10 = __int_as_float(0xb493f27e);
+
+    float k = floorf(__fadd_rn(__fmul_rn(yaw, TWO_OVER_PI), 0.5f));
+    float a = __fsub_rn(__fsub_rn(yaw, __fmul_rn(k, PIO2_C1)), __fmul_rn(k, PIO2_C2));
+    float b = __fmul_rn(k, PIO2_C3);
+    float hi = __fsub_rn(a, b);
+    float v = __fsub_rn(hi, a);
+    float lo = __fsub_rn(__fsub_rn(a, __fsub_rn(hi, v)), __fadd_rn(b, v));
+    lo = __fsub_rn(__fsub_rn(lo, __fmul_rn(k, PIO2_C4)), __fmul_rn(k, PIO2_C5));
+    float r_hi = __fadd_rn(hi, lo);
+    v = __fsub_rn(r_hi, hi);
+    float r_lo = __fadd_rn(__fsub_rn(hi, __fsub_rn(r_hi, v)), __fsub_rn(lo, v));
+    float q = __fsub_rn(k, __fmul_rn(4.0f, floorf(__fmul_rn(k, 0.25f))));
+    float z = __fmul_rn(r_hi, r_hi);
+    float p = S9;
+    p = __fadd_rn(S7, __fmul_rn(z, p));
+    p = __fadd_rn(S5, __fmul_rn(z, p));
+    p = __fadd_rn(S3, __fmul_rn(z, p));
+    float sin_r = __fadd_rn(r_hi, __fadd_rn(r_lo, __fmul_rn(__fmul_rn(z, r_hi), p)));
+    float c = K10;
+    c = __fadd_rn(K8, __fmul_rn(z, c));
+    c = __fadd_rn(K6, __fmul_rn(z, c));
+    c = __fadd_rn(K4, __fmul_rn(z, c));
+    float cos_r = __fsub_rn(1.0f, __fsub_rn(__fmul_rn(0.5f, z), __fsub_rn(__fmul_rn(__fmul_rn(z, z), c), __fmul_rn(r_hi, r_lo))));
+    if (q == 0.0f) {
+        *s_out = sin_r; *c_out = cos_r;
+    } else if (q == 1.0f) {
+        *s_out = cos_r; *c_out = -sin_r;
+    } else if (q == 2.0f) {
+        *s_out = -sin_r; *c_out = -cos_r;
+    } else {
+        *s_out = -cos_r; *c_out = sin_r;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Pair tests (a = higher-ranked, b = lower-ranked), exactly as ops/nms.rs.
+
+// AA prep: 0 x1, 1 y1, 2 x2, 3 y2, 4 area.
+__device__ __forceinline__ bool aa_suppresses(const float* a, const float* b, float t) {
+    float w = fmaxf(__fsub_rn(fminf(a[2], b[2]), fmaxf(a[0], b[0])), 0.0f);
+    float h = fmaxf(__fsub_rn(fminf(a[3], b[3]), fmaxf(a[1], b[1])), 0.0f);
+    float inter = __fmul_rn(w, h);
+    float uni = __fsub_rn(__fadd_rn(a[4], b[4]), inter);
+    float iou = uni > 0.0f ? __fdiv_rn(inter, uni) : 0.0f;
+    return iou > t;
+}
+
+// ROT prep: 0 x, 1 y, 2 s, 3 c, 4 hl, 5 hw, 6 area, 7 xmin, 8 xmax, 9 ymin, 10 ymax.
+#define MAX_POLY 20
+
+template <bool ON_X, bool KEEP_LE>
+__device__ __forceinline__ int clip_poly(const float* ix, const float* iy, int n, float* ox, float* oy, float bound) {
+    if (n == 0) return 0;
+    float px = ix[n - 1];
+    float py = iy[n - 1];
+    float pv = ON_X ? px : py;
+    bool pin = KEEP_LE ? (pv <= bound) : (pv >= bound);
+    int m = 0;
+    for (int k = 0; k < n; ++k) {
+        float qx = ix[k];
+        float qy = iy[k];
+        float qv = ON_X ? qx : qy;
+        bool qin = KEEP_LE ? (qv <= bound) : (qv >= bound);
+        if (pin != qin) {
+            if (ON_X) {
+                float t = __fdiv_rn(__fsub_rn(bound, px), __fsub_rn(qx, px));
+                ox[m] = bound;
+                oy[m] = __fadd_rn(py, __fmul_rn(t, __fsub_rn(qy, py)));
+            } else {
+                float t = __fdiv_rn(__fsub_rn(bound, py), __fsub_rn(qy, py));
+                ox[m] = __fadd_rn(px, __fmul_rn(t, __fsub_rn(qx, px)));
+                oy[m] = bound;
+            }
+            ++m;
+        }
+        if (qin) {
+            ox[m] = qx;
+            oy[m] = qy;
+            ++m;
+        }
+        px = qx;
+        py = qy;
+        pin = qin;
+    }
+    return m;
+}
+
+__device__ __noinline__ float rot_iou_exact(const float* a, const float* b) {
+    // Step 1 (area and bounding rectangles) was checked by the caller, as in RotOverlap.
+    float dx = __fsub_rn(b[0], a[0]);
+    float dy = __fsub_rn(b[1], a[1]);
+    float as = a[2], ac = a[3], bs = b[2], bc = b[3];
+    float px = __fadd_rn(__fmul_rn(dx, ac), __fmul_rn(dy, as));
+    float py = __fsub_rn(__fmul_rn(dy, ac), __fmul_rn(dx, as));
+    float cr = __fadd_rn(__fmul_rn(bc, ac), __fmul_rn(bs, as));
+    float sr = __fsub_rn(__fmul_rn(bs, ac), __fmul_rn(bc, as));
+    float ux = __fmul_rn(b[4], cr);
+    float uy = __fmul_rn(b[4], sr);
+    float vx = __fmul_rn(b[5], sr);
+    float vy = __fmul_rn(b[5], cr);
+    float X0[MAX_POLY], Y0[MAX_POLY], X1[MAX_POLY], Y1[MAX_POLY];
+    X0[0] = __fsub_rn(__fadd_rn(px, ux), vx);
+    Y0[0] = __fadd_rn(__fadd_rn(py, uy), vy);
+    X0[1] = __fsub_rn(__fsub_rn(px, ux), vx);
+    Y0[1] = __fadd_rn(__fsub_rn(py, uy), vy);
+    X0[2] = __fadd_rn(__fsub_rn(px, ux), vx);
+    Y0[2] = __fsub_rn(__fsub_rn(py, uy), vy);
+    X0[3] = __fadd_rn(__fadd_rn(px, ux), vx);
+    Y0[3] = __fsub_rn(__fadd_rn(py, uy), vy);
+    float ahl = a[4], ahw = a[5];
+    int n = 4;
+    n = clip_poly<true, true>(X0, Y0, n, X1, Y1, ahl);
+    n = clip_poly<false, true>(X1, Y1, n, X0, Y0, ahw);
+    n = clip_poly<true, false>(X0, Y0, n, X1, Y1, -ahl);
+    n = clip_poly<false, false>(X1, Y1, n, X0, Y0, -ahw);
+    if (n < 3) return 0.0f;
+    float acc = 0.0f;
+    for (int k = 0; k < n; ++k) {
+        int k1 = (k + 1 == n) ? 0 : k + 1;
+        acc = __fadd_rn(acc, __fsub_rn(__fmul_rn(X0[k], Y0[k1]), __fmul_rn(X0[k1], Y0[k])));
+    }
+    float inter = fminf(__fmul_rn(fmaxf(acc, 0.0f), 0.5f), fminf(a[6], b[6]));
+    float uni = __fsub_rn(__fadd_rn(a[6], b[6]), inter);
+    return __fdiv_rn(inter, uni);
+}
+
+__device__ __forceinline__ bool rot_suppresses(const float* a, const float* b, float t) {
+    // Bounding rectangles must overlap strictly (the BEV pre-filter; IoU is 0 otherwise).
+    if (!(fminf(a[8], b[8]) > fmaxf(a[7], b[7])) || !(fminf(a[10], b[10]) > fmaxf(a[9], b[9]))) return false;
+    // Exact area bound, as RotOverlap::suppresses (same decision).
+    float m = fminf(a[6], b[6]);
+    if (!(__fdiv_rn(m, __fsub_rn(__fadd_rn(a[6], b[6]), m)) > t)) return false;
+    if (a[6] == 0.0f || b[6] == 0.0f) return false;
+    return rot_iou_exact(a, b) > t;
+}
+
+// CIRCLE prep: 0 x, 1 y. `t` is threshold*threshold (f32).
+__device__ __forceinline__ bool circle_suppresses(const float* a, const float* b, float t2) {
+    float dx = __fsub_rn(a[0], b[0]);
+    float dy = __fsub_rn(a[1], b[1]);
+    float d2 = __fadd_rn(__fmul_rn(dx, dx), __fmul_rn(dy, dy));
+    return d2 <= t2;
+}
+
+// ------------------------------------------------------------------------------------------
+// Sort.
+
+__device__ __forceinline__ u32 desc_score_key(float s) {
+    u32 u = (s == 0.0f) ? 0u : __float_as_uint(s);  // -0.0 and +0.0 tie
+    u32 asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ~asc;
+}
+
+// counters: [0] candidates, [1] largest entry count of an overflowing tile, [2..3] spare.
+extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
+nms_keys(const float* __restrict__ scores, int n, float score_threshold, u64* __restrict__ keys,
+         u32* __restrict__ rank, u32* __restrict__ tilecnt, int ntiles, u32* __restrict__ counters) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    bool cand = false;
+    if (i < n) {
+        float s = scores[i];
+        cand = s >= score_threshold;
+        keys[i] = cand ? (((u64)desc_score_key(s) << 32) | (u64)(u32)i) : ~0ull;
+        rank[i] = 0;
+    }
+    if (i < ntiles) tilecnt[i] = 0;
+    unsigned bal = __ballot_sync(FULL_MASK, cand);
+    if ((threadIdx.x & 31) == 0 && bal) atomicAdd(&counters[0], (u32)__popc(bal));
+}
+
+// grid (ceil(n/256), S): block (x, y) counts, for its 256 keys, the smaller keys in chunk y.
+extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
+nms_rank(const u64* __restrict__ keys, int n, int chunk_tiles, u32* __restrict__ rank) {
+    __shared__ u64 tile[NMS_AUX_BLOCK];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    u64 my = i < n ? keys[i] : ~0ull;
+    int ntiles = (n + NMS_AUX_BLOCK - 1) / NMS_AUX_BLOCK;
+    int t0 = blockIdx.y * chunk_tiles;
+    int t1 = min(ntiles, t0 + chunk_tiles);
+    u32 cnt = 0;
+    for (int t = t0; t < t1; ++t) {
+        int j = t * NMS_AUX_BLOCK + threadIdx.x;
+        __syncthreads();
+        tile[threadIdx.x] = j < n ? keys[j] : ~0ull;
+        __syncthreads();
+#pragma unroll 16
+        for (int k = 0; k < NMS_AUX_BLOCK; ++k) cnt += (tile[k] < my) ? 1u : 0u;
+    }
+    if (i < n && my != ~0ull && cnt != 0) atomicAdd(&rank[i], cnt);
+}
+
+// Per input box: candidates ranked below pre_max_size get order[rank] = i and their prep.
+extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
+nms_prep(const float* __restrict__ boxes, const int* __restrict__ classes, int class_aware, int kind, int n,
+         int pre, const u64* __restrict__ keys, const u32* __restrict__ rank, u32* __restrict__ order,
+         float* __restrict__ prep) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || keys[i] == ~0ull) return;
+    int r = (int)rank[i];
+    if (r >= pre) return;
+    order[r] = (u32)i;
+    const float* b = boxes + (size_t)i * 7;
+    float x = b[0], y = b[1], length = b[3], width = b[4], yaw = b[6];
+    float* p = prep + (size_t)r * PREP_STRIDE;
+    if (kind == KIND_AA) {
+        float hl = __fmul_rn(length, 0.5f);
+        float hw = __fmul_rn(width, 0.5f);
+        float x1 = __fsub_rn(x, hl), x2 = __fadd_rn(x, hl);
+        float y1 = __fsub_rn(y, hw), y2 = __fadd_rn(y, hw);
+        p[0] = x1; p[1] = y1; p[2] = x2; p[3] = y2;
+        p[4] = __fmul_rn(__fsub_rn(x2, x1), __fsub_rn(y2, y1));
+    } else if (kind == KIND_ROT) {
+        float s, c;
+        sincos_portable(yaw, &s, &c);
+        float hl = __fmul_rn(length, 0.5f);
+        float hw = __fmul_rn(width, 0.5f);
+        float ex = __fadd_rn(fabsf(__fmul_rn(hl, c)), fabsf(__fmul_rn(hw, s)));
+        float ey = __fadd_rn(fabsf(__fmul_rn(hl, s)), fabsf(__fmul_rn(hw, c)));
+        p[0] = x; p[1] = y; p[2] = s; p[3] = c; p[4] = hl; p[5] = hw;
+        p[6] = __fmul_rn(length, width);
+        p[7] = __fsub_rn(x, ex); p[8] = __fadd_rn(x, ex);
+        p[9] = __fsub_rn(y, ey); p[10] = __fadd_rn(y, ey);
+    } else {
+        p[0] = x; p[1] = y;
+    }
+    p[PREP_CLS] = __int_as_float(class_aware ? classes[i] : 0);
+}
+
+// ------------------------------------------------------------------------------------------
+// Mask.
+
+__device__ __forceinline__ long long tri_start(long long i, long long w) { return i * w - i * (i - 1) / 2; }
+
+template <int KIND>
+__device__ __forceinline__ void mask_tile(const float* __restrict__ prep, const u32* __restrict__ counters, int pre,
+                                          int wtiles, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,
+                                          uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {
+    __shared__ float cols[NMS_TILE * PREP_STRIDE];
+    // Block -> (row tile i, column tile j >= i) of the upper triangle, row-major.
+    long long b = blockIdx.x;
+    double w2 = 2.0 * wtiles + 1.0;
+    long long i = (long long)((w2 - sqrt(w2 * w2 - 8.0 * (double)b)) * 0.5);
+    if (i < 0) i = 0;
+    if (i > wtiles - 1) i = wtiles - 1;
+    while (i > 0 && tri_start(i, wtiles) > b) --i;
+    while (i + 1 < wtiles && tri_start(i + 1, wtiles) <= b) ++i;
+    long long j = i + (b - tri_start(i, wtiles));
+
+    const int m = min((int)counters[0], pre);
+    if (i * NMS_TILE >= m || j * NMS_TILE >= m) return;  // uniform over the block
+    const int tid = threadIdx.x;
+    const int r = (int)(i * NMS_TILE) + tid;
+    const int c0 = (int)(j * NMS_TILE);
+    const int ncols = min(NMS_TILE, m - c0);
+    for (int e = tid; e < ncols * PREP_STRIDE; e += NMS_BLOCK) cols[e] = prep[(size_t)c0 * PREP_STRIDE + e];
+    float a[PREP_STRIDE];
+    if (r < m) {
+#pragma unroll
+        for (int k = 0; k < PREP_STRIDE; ++k) a[k] = prep[(size_t)r * PREP_STRIDE + k];
+    }
+    __syncthreads();
+    u64 word = 0;
+    if (r < m) {
+        const int acls = __float_as_int(a[PREP_CLS]);
+        const int k0 = (i == j) ? tid + 1 : 0;
+        for (int k = k0; k < ncols; ++k) {
+            const float* bb = &cols[k * PREP_STRIDE];
+            if (__float_as_int(bb[PREP_CLS]) != acls) continue;
+            bool s;
+            if (KIND == KIND_AA) s = aa_suppresses(a, bb, t);
+            else if (KIND == KIND_ROT) s = rot_suppresses(a, bb, t);
+            else s = circle_suppresses(a, bb, t);
+            if (s) word |= 1ull << k;
+        }
+    }
+    if (i == j) {
+        if (r < m) diag[r] = word;
+        return;
+    }
+    const bool nz = word != 0;
+    const unsigned bal = __ballot_sync(FULL_MASK, nz);
+    const int lane = tid & 31;
+    u32 base = 0;
+    if (lane == 0 && bal) base = atomicAdd(&tilecnt[i], (u32)__popc(bal));
+    base = __shfl_sync(FULL_MASK, base, 0);
+    if (nz) {
+        u32 pos = base + (u32)__popc(bal & ((1u << lane) - 1u));
+        if (pos < (u32)capt) {
+            entries[(size_t)i * capt + pos] = make_uint4((u32)tid, (u32)j, (u32)(word & 0xffffffffull), (u32)(word >> 32));
+        } else {
+            atomicMax(overflow, pos + 1);
+        }
+    }
+}
+
+#define MASK_KERNEL(NAME, KIND)                                                                                \
+    extern "C" __global__ void __launch_bounds__(NMS_BLOCK)                                                    \
+    NAME(const float* __restrict__ prep, const u32* __restrict__ counters, int pre, int wtiles, float t,        \
+         u64* __restrict__ diag, u32* __restrict__ tilecnt, uint4* __restrict__ entries, int capt,             \
+         u32* __restrict__ overflow) {                                                                          \
+        mask_tile<KIND>(prep, counters, pre, wtiles, t, diag, tilecnt, entries, capt, overflow);               \
+    }
+
+MASK_KERNEL(nms_mask_aa, KIND_AA)
+MASK_KERNEL(nms_mask_rot, KIND_ROT)
+MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
+
+// ------------------------------------------------------------------------------------------
+// Sweep: one block. Dynamic shared memory: ent[2][SWEEP_EPT] (uint4), diag[2][64] (u64),
+// removed[wtiles] (u64).
+
+struct SweepRegs {
+    uint4 ent[SWEEP_PF];
+    u64 dg;
+    u32 cnt;
+};
+
+__device__ __forceinline__ void sweep_load(int T, int m, const u64* __restrict__ diag, const u32* __restrict__ tilecnt,
+                                           const uint4* __restrict__ entries, int capt, SweepRegs& g) {
+    const int tid = threadIdx.x;
+    g.cnt = tilecnt[T];
+    const int lim = min(capt, SWEEP_EPT);
+#pragma unroll
+    for (int q = 0; q < SWEEP_PF; ++q) {
+        int e = tid + q * SWEEP_THREADS;
+        g.ent[q] = e < lim ? entries[(size_t)T * capt + e] : make_uint4(0, 0, 0, 0);
+    }
+    g.dg = 0;
+    if (tid < NMS_TILE) {
+        int r = T * NMS_TILE + tid;
+        if (r < m) g.dg = diag[r];
+    }
+}
+
+__device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u64* s_diag, u32* s_nz, u32* s_cnt) {
+    const int tid = threadIdx.x;
+    const u32 cnt = g.cnt;
+#pragma unroll
+    for (int q = 0; q < SWEEP_PF; ++q) {
+        int e = tid + q * SWEEP_THREADS;
+        if ((u32)e < cnt) s_ent[e] = g.ent[q];
+    }
+    if (tid < NMS_TILE) {
+        s_diag[tid] = g.dg;
+        unsigned bal = __ballot_sync(FULL_MASK, g.dg != 0);
+        if ((tid & 31) == 0) s_nz[tid >> 5] = bal;
+    }
+    if (tid == 0) *s_cnt = cnt;
+}
+
+// out: [0] kept count, [1] candidates m, [2..3] spare, then the keep list (input indices).
+extern "C" __global__ void __launch_bounds__(SWEEP_THREADS)
+nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __restrict__ diag,
+          const u32* __restrict__ tilecnt, const uint4* __restrict__ entries, int capt,
+          const u32* __restrict__ order, u32* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint4* s_ent = reinterpret_cast<uint4*>(smem);                               // [2][EPT]
+    u64* s_diag = reinterpret_cast<u64*>(smem + 2 * SWEEP_EPT * sizeof(uint4));  // [2][64]
+    u64* s_removed = s_diag + 2 * NMS_TILE;                                       // [wtiles]
+    __shared__ u32 s_nz[2][2];
+    __shared__ u32 s_cnt[2];
+    __shared__ u64 s_kept;
+    __shared__ int s_base;
+    __shared__ int s_kc;
+    __shared__ int s_stop;
+
+    const int tid = threadIdx.x;
+    const int m = min((int)counters[0], pre);
+    const int nt = (m + NMS_TILE - 1) / NMS_TILE;
+    for (int w = tid; w < nt; w += SWEEP_THREADS) s_removed[w] = 0;
+    if (tid == 0) {
+        s_kc = 0;
+        s_stop = 0;
+    }
+    SweepRegs g;
+    if (nt > 0) {
+        sweep_load(0, m, diag, tilecnt, entries, capt, g);
+        sweep_store(g, s_ent, s_diag, s_nz[0], &s_cnt[0]);
+    }
+    __syncthreads();
+    for (int T = 0; T < nt; ++T) {
+        const int cur = T & 1, nxt = cur ^ 1;
+        const bool more = T + 1 < nt;
+        if (more) sweep_load(T + 1, m, diag, tilecnt, entries, capt, g);  // in flight during this tile
+        if (tid == 0) {
+            const int rows = min(NMS_TILE, m - T * NMS_TILE);
+            const u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
+            const u64 nz = (u64)s_nz[cur][0] | ((u64)s_nz[cur][1] << 32);
+            const u64* dg = s_diag + cur * NMS_TILE;
+            u64 rem = s_removed[T];
+            // Only kept rows with a non-zero diagonal word change `rem`; a row's bit is final
+            // once every lower row was visited (bits are only set above the setting row).
+            u64 act = valid & ~rem & nz;
+            while (act) {
+                int r = __ffsll((long long)act) - 1;
+                rem |= dg[r];
+                u64 above = r == 63 ? 0ull : (~0ull << (r + 1));
+                act = valid & ~rem & nz & above;
+            }
+            u64 kept = valid & ~rem;
+            int kc = s_kc;
+            int k = __popcll(kept);
+            if (kc + k >= post) {
+                int need = post - kc;
+                u64 kk = 0;
+                for (int q = 0; q < need; ++q) {
+                    u64 low = kept & (~kept + 1ull);
+                    kk |= low;
+                    kept ^= low;
+                }
+                kept = kk;
+                k = need;
+                s_stop = 1;
+            }
+            s_kept = kept;
+            s_base = kc;
+            s_kc = kc + k;
+        }
+        __syncthreads();
+        const u64 kept = s_kept;
+        if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
+            int pos = s_base + __popcll(kept & ((1ull << tid) - 1ull));
+            out[4 + pos] = order[T * NMS_TILE + tid];
+        }
+        if (kept != 0 && !s_stop) {
+            const u32 cnt = min(s_cnt[cur], (u32)capt);
+            const uint4* se = s_ent + cur * SWEEP_EPT;
+            const u32 inreg = min(cnt, (u32)SWEEP_EPT);
+            for (u32 e = tid; e < inreg; e += SWEEP_THREADS) {
+                uint4 v = se[e];
+                if ((kept >> v.x) & 1ull) atomicOr(&s_removed[v.y], (u64)v.z | ((u64)v.w << 32));
+            }
+            for (u32 e = SWEEP_EPT + tid; e < cnt; e += SWEEP_THREADS) {
+                uint4 v = entries[(size_t)T * capt + e];
+                if ((kept >> v.x) & 1ull) atomicOr(&s_removed[v.y], (u64)v.z | ((u64)v.w << 32));
+            }
+        }
+        if (more) sweep_store(g, s_ent + nxt * SWEEP_EPT, s_diag + nxt * NMS_TILE, s_nz[nxt], &s_cnt[nxt]);
+        __syncthreads();
+        if (s_stop) break;
+    }
+    if (tid == 0) {
+        out[0] = (u32)s_kc;
+        out[1] = (u32)m;
+    }
+}

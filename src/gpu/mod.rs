@@ -9,6 +9,7 @@ pub mod context;
 pub mod fps;
 pub mod gather;
 pub mod kernels;
+pub mod nms;
 pub mod neighbors;
 pub mod nvrtc;
 pub mod profile;
