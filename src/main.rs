@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use lidar_kernels::bag::sample;
 use lidar_kernels::gpu::BackendKind;
-use lidar_kernels::pipeline::PipelineConfig;
+use lidar_kernels::pipeline::{Engine, PipelineConfig};
 use lidar_kernels::replay::{replay, ReplayOptions};
 use std::path::PathBuf;
 
@@ -30,6 +30,9 @@ enum Command {
         config: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "auto")]
         backend: BackendArg,
+        /// GPU kernel profile: auto, orin, xavier, x86_64 or a profile YAML file.
+        #[arg(long, default_value = "auto")]
+        profile: String,
         /// Write every output topic here: a .mcap file, or a bag folder for any other name.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -88,21 +91,18 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Replay { bag, topic, config, backend, out, quiet } => {
+        Command::Replay { bag, topic, config, backend, profile, out, quiet } => {
             let config = match config {
                 Some(path) => PipelineConfig::load(&path)?,
                 None => PipelineConfig::default(),
             };
-            if matches!(backend, BackendArg::Cuda) {
-                bail!("--backend cuda: the replay pipeline runs on the CPU backend in this version");
-            }
-            let _ = BackendKind::from(backend);
+            let engine = Engine::select(backend.into(), profile.parse()?)?;
             let bag = match bag {
                 Some(b) => b,
                 None => sample_bag()?,
             };
-            let summary = replay(&ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet }, config)?;
-            println!("\nreplayed {} frames of {} from {} (backend cpu)", summary.frames, summary.topic, bag.display());
+            let summary = replay(&ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet }, config, engine)?;
+            println!("\nreplayed {} frames of {} from {} (backend {})", summary.frames, summary.topic, bag.display(), summary.backend);
             if summary.box_frames > 0 {
                 println!("nms over {} box messages", summary.box_frames);
             }

@@ -3,7 +3,7 @@
 
 use crate::bag::{self, BagError, McapBagWriter, TopicHandle};
 use crate::cloud::POINTCLOUD2_TYPE;
-use crate::pipeline::{FrameOutput, Pipeline, PipelineConfig, PipelineStats, BOXES_TOPIC};
+use crate::pipeline::{Engine, FrameOutput, Pipeline, PipelineConfig, PipelineStats, BOXES_TOPIC};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,8 @@ pub struct ReplaySummary {
     pub box_frames: u64,
     pub stats: PipelineStats,
     pub out: Option<PathBuf>,
+    /// The backend that ran ([`Engine::describe`]).
+    pub backend: String,
 }
 
 struct OutputBag {
@@ -129,13 +131,13 @@ fn frame_line(index: u64, out: &FrameOutput) -> String {
     line
 }
 
-/// Replays `opts.bag` through a pipeline built from `config`.
-pub fn replay(opts: &ReplayOptions, config: PipelineConfig) -> Result<ReplaySummary, ReplayError> {
+/// Replays `opts.bag` through a pipeline built from `config` on `engine`.
+pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> Result<ReplaySummary, ReplayError> {
     let reader = bag::open(&opts.bag)?;
     let topic = cloud_topic(&reader, opts.topic.as_deref())?;
     let boxes_topic = config.nms.enabled.then(|| config.nms.boxes_topic.clone()).filter(|t| reader.topic(t).is_some());
     let feature_names = config.features.clone();
-    let mut pipeline = Pipeline::new(config);
+    let mut pipeline = Pipeline::with_engine(config, engine);
     let mut out = opts.out.as_deref().map(OutputBag::create).transpose()?;
 
     let total = reader.topic(&topic).map_or(0, |t| t.message_count);
@@ -204,5 +206,6 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig) -> Result<ReplaySumm
     }
     progress.finish_and_clear();
     let out_path = out.map(|o| o.writer.finish()).transpose()?;
-    Ok(ReplaySummary { topic, frames, skipped, box_frames, stats: pipeline.stats, out: out_path })
+    let backend = pipeline.engine.describe();
+    Ok(ReplaySummary { topic, frames, skipped, box_frames, stats: pipeline.stats, out: out_path, backend })
 }

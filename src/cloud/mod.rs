@@ -304,13 +304,24 @@ impl Cloud {
         }
     }
 
-    /// x, y, z plus the named channels, in that order; `None` names a missing channel.
+    /// Indices of the named channels (`intensity` matches any of [`INTENSITY_NAMES`]); the name of
+    /// the first one missing is the error.
+    pub fn channel_indices(names: &[String], wanted: &[String]) -> Result<Vec<usize>, String> {
+        wanted
+            .iter()
+            .map(|w| {
+                let own = [w.as_str()];
+                let aliases: &[&str] = if w == "intensity" { &INTENSITY_NAMES } else { &own };
+                aliases.iter().find_map(|a| names.iter().position(|n| n == a)).ok_or_else(|| w.clone())
+            })
+            .collect()
+    }
+
+    /// x, y, z plus the named channels, in that order (see [`Self::channel_indices`]).
     pub fn with_features(&self, features: &[String]) -> Result<Cloud, String> {
         let mut out = Cloud::from_xyz(self.x().to_vec(), self.y().to_vec(), self.z().to_vec());
-        for f in features {
-            let values = if f == "intensity" { self.intensity() } else { self.channel(f) };
-            let values = values.ok_or_else(|| f.clone())?;
-            out = out.with_channel(f, values.to_vec());
+        for (f, i) in features.iter().zip(Self::channel_indices(&self.names, features)?) {
+            out = out.with_channel(f, self.columns[i].clone());
         }
         Ok(out)
     }

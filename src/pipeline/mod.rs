@@ -2,17 +2,19 @@
 //! configured stages, and turn their results into output messages.
 
 pub mod config;
+pub mod engine;
 pub mod outputs;
 pub mod stats;
 
 pub use config::{ConfigError, NeighborMode, PipelineConfig, VoxelMode};
+pub use engine::Engine;
 pub use stats::{LatencySamples, PipelineStats};
 
-use crate::cloud::{gather, validate, Cloud, CloudError, Gathered, Header, PointCloud2, PointLayout};
-use crate::ops::fps::{farthest_point_sample, FpsOutput};
-use crate::ops::neighbors::{ball_query, knn};
+use crate::cloud::{validate, Cloud, CloudError, Gathered, Header, PointCloud2, PointLayout};
+use crate::gpu::GpuError;
+use crate::ops::fps::FpsOutput;
 use crate::ops::nms::{nms, NmsError, NmsOutput};
-use crate::ops::voxel::{voxel_grid_downsample, voxelize_dynamic, voxelize_hard, DynamicVoxels, HardVoxels};
+use crate::ops::voxel::{DynamicVoxels, HardVoxels};
 use crate::ops::ParamError;
 use std::time::{Duration, Instant};
 
@@ -35,6 +37,8 @@ pub enum FrameError {
     Param(#[from] ParamError),
     #[error(transparent)]
     Nms(#[from] NmsError),
+    #[error("GPU: {0}")]
+    Gpu(GpuError),
 }
 
 /// Voxelization result of either mode.
@@ -64,8 +68,11 @@ pub struct FrameOutput {
     pub timings: Vec<(&'static str, Duration)>,
 }
 
+/// Per-stage wall times of one frame, in stage order.
+pub type Timings = Vec<(&'static str, Duration)>;
+
 /// Runs `f`, recording its wall time under `stage` inside a tracing span.
-fn timed<T>(timings: &mut Vec<(&'static str, Duration)>, stage: &'static str, f: impl FnOnce() -> T) -> T {
+fn timed<T>(timings: &mut Timings, stage: &'static str, f: impl FnOnce() -> T) -> T {
     let _span = tracing::debug_span!("stage", name = stage).entered();
     let t = Instant::now();
     let out = f();
@@ -138,15 +145,21 @@ impl Voxels {
     }
 }
 
-/// The configured stages over one CPU backend.
+/// The configured stages over one backend.
 pub struct Pipeline {
     pub config: PipelineConfig,
     pub stats: PipelineStats,
+    pub engine: Engine,
 }
 
 impl Pipeline {
+    /// A pipeline on the CPU reference backend.
     pub fn new(config: PipelineConfig) -> Self {
-        Self { config, stats: PipelineStats::default() }
+        Self::with_engine(config, Engine::Cpu)
+    }
+
+    pub fn with_engine(config: PipelineConfig, engine: Engine) -> Self {
+        Self { config, stats: PipelineStats::default(), engine }
     }
 
     /// Decodes and processes one CDR-encoded PointCloud2. A malformed message is counted and
@@ -175,56 +188,24 @@ impl Pipeline {
         result
     }
 
-    fn process_inner(&self, bytes: &[u8]) -> Result<FrameOutput, FrameError> {
-        let cfg = &self.config;
+    fn process_inner(&mut self, bytes: &[u8]) -> Result<FrameOutput, FrameError> {
         let mut timings = Vec::new();
-        let (msg, layout, input) = timed(&mut timings, "decode", || -> Result<_, FrameError> {
+        let (msg, layout) = timed(&mut timings, "decode", || -> Result<_, CloudError> {
             let msg = PointCloud2::from_cdr(bytes)?;
             let layout = validate(&msg)?;
-            let input = gather(&msg)?;
-            Ok((msg, layout, input))
+            Ok((msg, layout))
         })?;
-        let cloud = &input.cloud;
-        let voxels = if cfg.voxelize.enabled {
-            let features = cloud.with_features(&cfg.features).map_err(FrameError::MissingFeature)?;
-            Some(timed(&mut timings, "voxelize", || -> Result<_, FrameError> {
-                Ok(match cfg.voxelize.mode {
-                    VoxelMode::Hard => Voxels::Hard(voxelize_hard(&features, &cfg.voxelize.params)?),
-                    VoxelMode::Dynamic => Voxels::Dynamic(voxelize_dynamic(&features, &cfg.voxelize.params.grid)),
-                })
-            })?)
-        } else {
-            None
-        };
-        let downsampled = if cfg.downsample.enabled {
-            Some(timed(&mut timings, "downsample", || voxel_grid_downsample(cloud, &cfg.downsample.grid)).cloud)
-        } else {
-            None
-        };
-        let samples = if cfg.fps.enabled {
-            Some(timed(&mut timings, "fps", || farthest_point_sample(cloud, &cfg.fps.params))?)
-        } else {
-            None
-        };
-        let neighborhoods = match (&samples, cfg.neighbors.enabled) {
-            (Some(s), true) => {
-                let queries = cloud.select(&valid_indices(&s.indices));
-                Some(timed(&mut timings, "neighbors", || -> Result<_, FrameError> {
-                    Ok(match cfg.neighbors.mode {
-                        NeighborMode::Knn => {
-                            let n = knn(cloud, &queries, &cfg.neighbors.knn)?;
-                            Neighborhoods { indices: n.indices, width: n.width }
-                        }
-                        NeighborMode::BallQuery => {
-                            let b = ball_query(cloud, &queries, &cfg.neighbors.ball_query)?;
-                            Neighborhoods { indices: b.indices, width: b.width }
-                        }
-                    })
-                })?)
-            }
-            _ => None,
-        };
-        Ok(FrameOutput { header: msg.header, layout, input, voxels, downsampled, samples, neighborhoods, timings })
+        let r = self.engine.run(&self.config, &msg, &mut timings)?;
+        Ok(FrameOutput {
+            header: msg.header,
+            layout,
+            input: r.input,
+            voxels: r.voxels,
+            downsampled: r.downsampled,
+            samples: r.samples,
+            neighborhoods: r.neighborhoods,
+            timings,
+        })
     }
 
     /// Runs NMS over one CDR-encoded PointCloud2 of box records; returns the kept boxes' message.
