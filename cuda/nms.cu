@@ -107,7 +107,10 @@ __device__ __forceinline__ void sincos_portable(float yaw, float* s_out, float* 
 // AA prep: 0 x1, 1 y1, 2 x2, 3 y2, 4 area.
 __device__ __forceinline__ bool aa_suppresses(const float* a, const float* b, float t) {
     float w = fmaxf(__fsub_rn(fminf(a[2], b[2]), fmaxf(a[0], b[0])), 0.0f);
+    // BEV pre-filter: w == 0 or h == 0 gives inter == 0 (or NaN), hence iou == 0 (or NaN), never > t.
+    if (!(w > 0.0f)) return false;
     float h = fmaxf(__fsub_rn(fminf(a[3], b[3]), fmaxf(a[1], b[1])), 0.0f);
+    if (!(h > 0.0f)) return false;
     float inter = __fmul_rn(w, h);
     float uni = __fsub_rn(__fadd_rn(a[4], b[4]), inter);
     float iou = uni > 0.0f ? __fdiv_rn(inter, uni) : 0.0f;
@@ -300,6 +303,11 @@ nms_prep(const float* __restrict__ boxes, const int* __restrict__ classes, int c
 
 __device__ __forceinline__ long long tri_start(long long i, long long w) { return i * w - i * (i - 1) / 2; }
 
+// Columns per chunk of the rotated mask: the pairs that pass the cheap tests of a chunk are queued
+// in shared memory and the exact polygon clips are then run by all threads together (a clip
+// per lane instead of one clipping lane per warp).
+#define ROT_CHUNK 16
+
 template <int KIND>
 __device__ __forceinline__ void mask_tile(const float* __restrict__ prep, const u32* __restrict__ counters, int pre,
                                           int wtiles, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,
@@ -327,19 +335,59 @@ __device__ __forceinline__ void mask_tile(const float* __restrict__ prep, const 
 #pragma unroll
         for (int k = 0; k < PREP_STRIDE; ++k) a[k] = prep[(size_t)r * PREP_STRIDE + k];
     }
-    __syncthreads();
+    const int k0 = (i == j) ? tid + 1 : 0;
     u64 word = 0;
-    if (r < m) {
+    if (KIND == KIND_ROT) {
+        __shared__ float rows[NMS_TILE * PREP_STRIDE];
+        __shared__ u64 s_word[NMS_TILE];
+        __shared__ unsigned short queue[NMS_TILE * ROT_CHUNK];
+        __shared__ u32 s_qn;
+        const int rows_here = min(NMS_TILE, m - (int)(i * NMS_TILE));
+        for (int e = tid; e < rows_here * PREP_STRIDE; e += NMS_BLOCK) rows[e] = prep[(size_t)(i * NMS_TILE) * PREP_STRIDE + e];
+        s_word[tid] = 0;
+        if (tid == 0) s_qn = 0;
+        __syncthreads();
         const int acls = __float_as_int(a[PREP_CLS]);
-        const int k0 = (i == j) ? tid + 1 : 0;
-        for (int k = k0; k < ncols; ++k) {
-            const float* bb = &cols[k * PREP_STRIDE];
-            if (__float_as_int(bb[PREP_CLS]) != acls) continue;
-            bool s;
-            if (KIND == KIND_AA) s = aa_suppresses(a, bb, t);
-            else if (KIND == KIND_ROT) s = rot_suppresses(a, bb, t);
-            else s = circle_suppresses(a, bb, t);
-            if (s) word |= 1ull << k;
+        for (int cb = 0; cb < ncols; cb += ROT_CHUNK) {
+            if (r < m) {
+                const int ke = min(cb + ROT_CHUNK, ncols);
+                for (int k = max(k0, cb); k < ke; ++k) {
+                    const float* bb = &cols[k * PREP_STRIDE];
+                    if (__float_as_int(bb[PREP_CLS]) != acls) continue;
+                    // rot_suppresses up to the exact IoU, same order of tests.
+                    if (!(fminf(a[8], bb[8]) > fmaxf(a[7], bb[7])) || !(fminf(a[10], bb[10]) > fmaxf(a[9], bb[9]))) continue;
+                    float mm = fminf(a[6], bb[6]);
+                    if (!(__fdiv_rn(mm, __fsub_rn(__fadd_rn(a[6], bb[6]), mm)) > t)) continue;
+                    if (a[6] == 0.0f || bb[6] == 0.0f) continue;
+                    u32 q = atomicAdd(&s_qn, 1u);
+                    queue[q] = (unsigned short)((tid << 6) | k);
+                }
+            }
+            __syncthreads();
+            const u32 qn = s_qn;
+            for (u32 q = tid; q < qn; q += NMS_BLOCK) {
+                const int e = queue[q];
+                const int row = e >> 6, k = e & 63;
+                if (rot_iou_exact(&rows[row * PREP_STRIDE], &cols[k * PREP_STRIDE]) > t) atomicOr(&s_word[row], 1ull << k);
+            }
+            __syncthreads();
+            if (tid == 0) s_qn = 0;
+            __syncthreads();
+        }
+        word = s_word[tid];
+        if (r >= m) word = 0;
+    } else {
+        __syncthreads();
+        if (r < m) {
+            const int acls = __float_as_int(a[PREP_CLS]);
+            for (int k = k0; k < ncols; ++k) {
+                const float* bb = &cols[k * PREP_STRIDE];
+                if (__float_as_int(bb[PREP_CLS]) != acls) continue;
+                bool s;
+                if (KIND == KIND_AA) s = aa_suppresses(a, bb, t);
+                else s = circle_suppresses(a, bb, t);
+                if (s) word |= 1ull << k;
+            }
         }
     }
     if (i == j) {
@@ -417,15 +465,91 @@ __device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u6
     if (tid == 0) *s_cnt = cnt;
 }
 
+struct SweepShared {
+    uint4* ent;    // [2][EPT]
+    u64* diag;     // [2][64]
+    u64* removed;  // [wtiles]
+};
+
+// One row tile. P holds tile T+1 (loaded one tile earlier), F is free and receives tile T+2,
+// so every load has two tiles' time to arrive. Returns the (block-uniform) stop flag.
+__device__ __forceinline__ bool sweep_tile(int T, int nt, int m, int post, const u64* __restrict__ diag,
+                                           const u32* __restrict__ tilecnt, const uint4* __restrict__ entries,
+                                           int capt, const u32* __restrict__ order, u32* __restrict__ out,
+                                           SweepShared sh, u32 (*s_nz)[2], u32* s_cnt, u64* s_kept, int* s_base,
+                                           int* s_kc, int* s_stop, SweepRegs& P, SweepRegs& F) {
+    const int tid = threadIdx.x;
+    const int cur = T & 1, nxt = cur ^ 1;
+    if (T + 2 < nt) sweep_load(T + 2, m, diag, tilecnt, entries, capt, F);
+    if (tid == 0) {
+        const int rows = min(NMS_TILE, m - T * NMS_TILE);
+        const u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
+        const u64 nz = (u64)s_nz[cur][0] | ((u64)s_nz[cur][1] << 32);
+        const u64* dg = sh.diag + cur * NMS_TILE;
+        u64 rem = sh.removed[T];
+        // Only kept rows with a non-zero diagonal word change `rem`; a row's bit is final
+        // once every lower row was visited (bits are only set above the setting row).
+        u64 act = valid & ~rem & nz;
+        while (act) {
+            int r = __ffsll((long long)act) - 1;
+            rem |= dg[r];
+            u64 above = r == 63 ? 0ull : (~0ull << (r + 1));
+            act = valid & ~rem & nz & above;
+        }
+        u64 kept = valid & ~rem;
+        int kc = *s_kc;
+        int k = __popcll(kept);
+        if (kc + k >= post) {
+            int need = post - kc;
+            u64 kk = 0;
+            for (int q = 0; q < need; ++q) {
+                u64 low = kept & (~kept + 1ull);
+                kk |= low;
+                kept ^= low;
+            }
+            kept = kk;
+            k = need;
+            *s_stop = 1;
+        }
+        *s_kept = kept;
+        *s_base = kc;
+        *s_kc = kc + k;
+    }
+    __syncthreads();
+    const u64 kept = *s_kept;
+    const int stop = *s_stop;
+    if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
+        int pos = *s_base + __popcll(kept & ((1ull << tid) - 1ull));
+        out[4 + pos] = order[T * NMS_TILE + tid];
+    }
+    if (kept != 0 && !stop) {
+        const u32 cnt = min(s_cnt[cur], (u32)capt);
+        const uint4* se = sh.ent + cur * SWEEP_EPT;
+        const u32 inreg = min(cnt, (u32)SWEEP_EPT);
+        for (u32 e = tid; e < inreg; e += SWEEP_THREADS) {
+            uint4 v = se[e];
+            if ((kept >> v.x) & 1ull) atomicOr(&sh.removed[v.y], (u64)v.z | ((u64)v.w << 32));
+        }
+        for (u32 e = SWEEP_EPT + tid; e < cnt; e += SWEEP_THREADS) {
+            uint4 v = entries[(size_t)T * capt + e];
+            if ((kept >> v.x) & 1ull) atomicOr(&sh.removed[v.y], (u64)v.z | ((u64)v.w << 32));
+        }
+    }
+    if (T + 1 < nt) sweep_store(P, sh.ent + nxt * SWEEP_EPT, sh.diag + nxt * NMS_TILE, s_nz[nxt], &s_cnt[nxt]);
+    __syncthreads();
+    return stop != 0;
+}
+
 // out: [0] kept count, [1] candidates m, [2..3] spare, then the keep list (input indices).
 extern "C" __global__ void __launch_bounds__(SWEEP_THREADS)
 nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __restrict__ diag,
           const u32* __restrict__ tilecnt, const uint4* __restrict__ entries, int capt,
           const u32* __restrict__ order, u32* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem[];
-    uint4* s_ent = reinterpret_cast<uint4*>(smem);                               // [2][EPT]
-    u64* s_diag = reinterpret_cast<u64*>(smem + 2 * SWEEP_EPT * sizeof(uint4));  // [2][64]
-    u64* s_removed = s_diag + 2 * NMS_TILE;                                       // [wtiles]
+    SweepShared sh;
+    sh.ent = reinterpret_cast<uint4*>(smem);
+    sh.diag = reinterpret_cast<u64*>(smem + 2 * SWEEP_EPT * sizeof(uint4));
+    sh.removed = sh.diag + 2 * NMS_TILE;
     __shared__ u32 s_nz[2][2];
     __shared__ u32 s_cnt[2];
     __shared__ u64 s_kept;
@@ -436,77 +560,26 @@ nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __rest
     const int tid = threadIdx.x;
     const int m = min((int)counters[0], pre);
     const int nt = (m + NMS_TILE - 1) / NMS_TILE;
-    for (int w = tid; w < nt; w += SWEEP_THREADS) s_removed[w] = 0;
+    for (int w = tid; w < nt; w += SWEEP_THREADS) sh.removed[w] = 0;
     if (tid == 0) {
         s_kc = 0;
         s_stop = 0;
     }
-    SweepRegs g;
+    SweepRegs ga, gb;
     if (nt > 0) {
-        sweep_load(0, m, diag, tilecnt, entries, capt, g);
-        sweep_store(g, s_ent, s_diag, s_nz[0], &s_cnt[0]);
+        sweep_load(0, m, diag, tilecnt, entries, capt, ga);
+        sweep_store(ga, sh.ent, sh.diag, s_nz[0], &s_cnt[0]);
     }
+    if (nt > 1) sweep_load(1, m, diag, tilecnt, entries, capt, gb);
     __syncthreads();
-    for (int T = 0; T < nt; ++T) {
-        const int cur = T & 1, nxt = cur ^ 1;
-        const bool more = T + 1 < nt;
-        if (more) sweep_load(T + 1, m, diag, tilecnt, entries, capt, g);  // in flight during this tile
-        if (tid == 0) {
-            const int rows = min(NMS_TILE, m - T * NMS_TILE);
-            const u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
-            const u64 nz = (u64)s_nz[cur][0] | ((u64)s_nz[cur][1] << 32);
-            const u64* dg = s_diag + cur * NMS_TILE;
-            u64 rem = s_removed[T];
-            // Only kept rows with a non-zero diagonal word change `rem`; a row's bit is final
-            // once every lower row was visited (bits are only set above the setting row).
-            u64 act = valid & ~rem & nz;
-            while (act) {
-                int r = __ffsll((long long)act) - 1;
-                rem |= dg[r];
-                u64 above = r == 63 ? 0ull : (~0ull << (r + 1));
-                act = valid & ~rem & nz & above;
-            }
-            u64 kept = valid & ~rem;
-            int kc = s_kc;
-            int k = __popcll(kept);
-            if (kc + k >= post) {
-                int need = post - kc;
-                u64 kk = 0;
-                for (int q = 0; q < need; ++q) {
-                    u64 low = kept & (~kept + 1ull);
-                    kk |= low;
-                    kept ^= low;
-                }
-                kept = kk;
-                k = need;
-                s_stop = 1;
-            }
-            s_kept = kept;
-            s_base = kc;
-            s_kc = kc + k;
-        }
-        __syncthreads();
-        const u64 kept = s_kept;
-        if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
-            int pos = s_base + __popcll(kept & ((1ull << tid) - 1ull));
-            out[4 + pos] = order[T * NMS_TILE + tid];
-        }
-        if (kept != 0 && !s_stop) {
-            const u32 cnt = min(s_cnt[cur], (u32)capt);
-            const uint4* se = s_ent + cur * SWEEP_EPT;
-            const u32 inreg = min(cnt, (u32)SWEEP_EPT);
-            for (u32 e = tid; e < inreg; e += SWEEP_THREADS) {
-                uint4 v = se[e];
-                if ((kept >> v.x) & 1ull) atomicOr(&s_removed[v.y], (u64)v.z | ((u64)v.w << 32));
-            }
-            for (u32 e = SWEEP_EPT + tid; e < cnt; e += SWEEP_THREADS) {
-                uint4 v = entries[(size_t)T * capt + e];
-                if ((kept >> v.x) & 1ull) atomicOr(&s_removed[v.y], (u64)v.z | ((u64)v.w << 32));
-            }
-        }
-        if (more) sweep_store(g, s_ent + nxt * SWEEP_EPT, s_diag + nxt * NMS_TILE, s_nz[nxt], &s_cnt[nxt]);
-        __syncthreads();
-        if (s_stop) break;
+    for (int T = 0; T < nt; T += 2) {
+        if (sweep_tile(T, nt, m, post, diag, tilecnt, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept, &s_base,
+                       &s_kc, &s_stop, gb, ga))
+            break;
+        if (T + 1 >= nt) break;
+        if (sweep_tile(T + 1, nt, m, post, diag, tilecnt, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept,
+                       &s_base, &s_kc, &s_stop, ga, gb))
+            break;
     }
     if (tid == 0) {
         out[0] = (u32)s_kc;
