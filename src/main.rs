@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use lidar_kernels::bag::sample;
-use lidar_kernels::gpu::BackendKind;
+use lidar_kernels::gpu::{select_backend, suite, BackendKind, GpuContext};
 use lidar_kernels::pipeline::{Engine, PipelineConfig};
 use lidar_kernels::replay::{replay, ReplayOptions};
 use std::path::PathBuf;
@@ -47,6 +47,35 @@ enum Command {
     },
     /// Compile every CUDA kernel with every target profile for sm_72, sm_87 and sm_90 (NVRTC only, no GPU).
     NvrtcCheck,
+    /// Every operator on the GPU and the CPU: integer outputs bit-identical, two GPU runs identical.
+    CheckGpu {
+        /// Seed of the random clouds and boxes (default: drawn from the clock, printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Folder with the Ouster .bin scans.
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        data_dir: PathBuf,
+        /// KITTI evaluation folder (kitti_fov/*.pointpillars.txt), if available.
+        #[arg(long)]
+        eval_dir: Option<PathBuf>,
+        #[arg(long, default_value = "auto")]
+        profile: String,
+        /// Also write the table (markdown) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// GPU time per operator (CUDA events, median) on the fixed benchmark workloads.
+    Bench {
+        /// Folder written by shared/bench/workloads.py --dump.
+        workloads: PathBuf,
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "auto")]
+        profile: String,
+        /// Also write the table (markdown) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -74,6 +103,18 @@ fn sample_bag() -> Result<PathBuf> {
         return Ok(bag);
     }
     sample::write_sample_bag(&dir).context("building the sample bag")
+}
+
+/// A CUDA context or an error naming what is missing (these commands need a GPU).
+fn cuda_context(profile: &str) -> Result<GpuContext> {
+    Ok(select_backend(BackendKind::Cuda, profile.parse()?)?.expect("cuda backend gives a context or an error"))
+}
+
+fn write_report(path: Option<&std::path::Path>, text: &str) -> Result<()> {
+    if let Some(p) = path {
+        std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
 }
 
 fn main() {
@@ -119,6 +160,28 @@ fn run(cli: Cli) -> Result<()> {
             let bag = sample::write_sample_bag(&dir)?;
             println!("{}", bag.display());
             Ok(())
+        }
+        Command::CheckGpu { seed, data_dir, eval_dir, profile, out } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            });
+            let ctx = cuda_context(&profile)?;
+            println!("check-gpu on {} ({}, profile {}), seed {seed}", ctx.device_name, ctx.arch, ctx.profile.name);
+            let table = suite::check_all(&ctx, seed, &data_dir, eval_dir.as_deref())?;
+            println!("{table}");
+            write_report(out.as_deref(), &format!("check-gpu seed {seed} on {}\n\n{table}", ctx.device_name))?;
+            let failed = table.0.iter().filter(|r| !r.passed()).count();
+            if failed > 0 || !table.all_passed() {
+                bail!("{failed} of {} GPU checks failed", table.0.len());
+            }
+            println!("all {} GPU checks passed", table.0.len());
+            Ok(())
+        }
+        Command::Bench { workloads, data_dir, profile, out } => {
+            let ctx = cuda_context(&profile)?;
+            let table = suite::bench_all(&ctx, &workloads, &data_dir)?;
+            println!("{table}");
+            write_report(out.as_deref(), &table.to_string())
         }
         Command::NvrtcCheck => {
             let report = lidar_kernels::gpu::nvrtc::nvrtc_check()?;

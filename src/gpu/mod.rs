@@ -15,6 +15,7 @@ pub mod nvrtc;
 pub mod profile;
 pub mod report;
 pub mod smoke;
+pub mod suite;
 pub mod voxel;
 
 pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, PooledSlice, StageTimer};

@@ -1,0 +1,122 @@
+//! `check-gpu` and `bench`: every operator family's GPU-vs-CPU check and benchmark in one table,
+//! plus the gather path, the device's copy bandwidth and the whole pipeline on one scan.
+
+use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
+use super::smoke::{big_message, compare_with_cpu, exotic_message};
+use super::{fps, neighbors, nms, voxel, GpuContext, GpuError};
+use crate::bag::sample::{load_ouster_bin, ouster_cloud_message};
+use crate::cloud::{Header, PointCloud2};
+use crate::pipeline::{Engine, Pipeline, PipelineConfig};
+use std::path::Path;
+use std::time::Instant;
+
+/// The shipped Ouster scans, by file name.
+const SCANS: [&str; 6] =
+    ["os1-128_scan0.bin", "os1-128_scan1.bin", "os1-128_scan2.bin", "os0-128_scan0.bin", "os2-128_scan0.bin", "os1-32_scan0.bin"];
+
+fn gather_row(ctx: &GpuContext, case: &str, msg: &PointCloud2<'_>) -> Result<CheckRow, GpuError> {
+    // Two runs that each equal the CPU bit for bit are also equal to each other.
+    let first = compare_with_cpu(ctx, msg)?;
+    let second = compare_with_cpu(ctx, msg)?;
+    let detail = match (&first, &second) {
+        (Ok(d), Ok(_)) => d.clone(),
+        (Err(e), _) | (_, Err(e)) => e.clone(),
+    };
+    Ok(CheckRow {
+        operator: "gather".into(),
+        case: case.into(),
+        points: msg.num_points() as usize,
+        integers_identical: first.is_ok(),
+        max_rel_err: 0.0,
+        float_tolerance: 0.0,
+        deterministic: second.is_ok(),
+        detail,
+    })
+}
+
+/// The gather kernel on every Ouster scan in the driver's 48-byte layout, an organized
+/// big-endian padded layout with every datatype, and a 1.1 M-point cloud with NaN/inf points.
+fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+    let mut rows = Vec::new();
+    for name in SCANS {
+        let scan = load_ouster_bin(&ouster_dir.join(name)).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        rows.push(gather_row(ctx, &format!("ouster {name} (48-byte layout)"), &ouster_cloud_message(&scan, Header::default()))?);
+        if name == SCANS[0] {
+            rows.push(gather_row(ctx, "organized big-endian every datatype", &exotic_message(&scan, 127))?);
+            rows.push(gather_row(ctx, "10 copies with NaN/inf (xyzi)", &big_message(&scan, 10))?);
+        }
+    }
+    Ok(rows)
+}
+
+/// Every check; `seed` draws the random clouds and boxes.
+pub fn check_all(ctx: &GpuContext, seed: u64, ouster_dir: &Path, eval_dir: Option<&Path>) -> Result<CheckTable, GpuError> {
+    let mut rows = check_gather(ctx, ouster_dir)?;
+    rows.extend(voxel::check(ctx, seed, ouster_dir)?);
+    rows.extend(fps::check(ctx, seed, ouster_dir)?);
+    rows.extend(neighbors::check(ctx, seed, ouster_dir)?);
+    rows.extend(nms::check(ctx, seed, eval_dir)?);
+    Ok(CheckTable(rows))
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second), median of 20 copies of 1 GiB.
+pub fn copy_bandwidth_gbs(ctx: &GpuContext) -> Result<f64, GpuError> {
+    let n = 1usize << 28; // f32 elements: 1 GiB
+    let src = ctx.stream.alloc_zeros::<f32>(n)?;
+    let mut dst = ctx.stream.alloc_zeros::<f32>(n)?;
+    let mut timer = ctx.stage_timer();
+    let mut ms = Vec::new();
+    for _ in 0..22 {
+        timer.start()?;
+        ctx.stream.memcpy_dtod(&src, &mut dst)?;
+        timer.stage("copy")?;
+        ms.push(timer.finish()?[0].1 as f64);
+    }
+    let mut ms = ms[2..].to_vec();
+    ms.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * 4) as f64 / (ms[ms.len() / 2] * 1e-3) / 1e9)
+}
+
+/// The whole pipeline on one 107k-point Ouster scan: CDR bytes -> pinned staging -> H2D -> gather ->
+/// voxelize -> downsample -> FPS -> neighbours -> results on the host (wall clock per frame).
+fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<BenchRow, GpuError> {
+    let scan = load_ouster_bin(&ouster_dir.join(SCANS[0])).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+    let cdr = ouster_cloud_message(&scan, Header::default()).to_cdr();
+    let engine = Engine::select(super::BackendKind::Cuda, profile.parse().expect("infallible"))?;
+    let mut pipeline = Pipeline::with_engine(PipelineConfig::default(), engine);
+    let mut ms = Vec::new();
+    for i in 0..60 {
+        let t = Instant::now();
+        pipeline.process_cdr(&cdr).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        if i >= 10 {
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    let stages = pipeline.stats.key_values().into_iter().filter(|(k, _)| k.ends_with("_p50_ms")).map(|(k, v)| format!("{}={v}", k.trim_end_matches("_p50_ms"))).collect::<Vec<_>>().join(" ");
+    Ok(BenchRow {
+        operator: "pipeline (default config)".into(),
+        workload: "os1-128_scan0 CDR, 48-byte points, wall clock".into(),
+        points: scan.len(),
+        median_ms: ms[ms.len() / 2],
+        runs: ms.len(),
+        min_bytes: (scan.len() * 48) as u64,
+        target_ms: Some(1.5),
+        peer_ms: None,
+        note: format!("stage p50 ms: {stages}"),
+    })
+}
+
+/// Every benchmark on the fixed workloads in `workloads` (see shared/bench/workloads.py).
+pub fn bench_all(ctx: &GpuContext, workloads: &Path, ouster_dir: &Path) -> Result<BenchTable, GpuError> {
+    let mut rows = voxel::bench(ctx, workloads)?;
+    rows.extend(fps::bench(ctx, workloads)?);
+    rows.extend(neighbors::bench(ctx, workloads)?);
+    rows.extend(nms::bench(ctx, workloads)?);
+    rows.push(bench_pipeline(ouster_dir, &ctx.profile.name)?);
+    Ok(BenchTable {
+        device: format!("{} ({}, {} SMs, profile {})", ctx.device_name, ctx.arch, ctx.sm_count, ctx.profile.name),
+        copy_bandwidth_gbs: copy_bandwidth_gbs(ctx)?,
+        rows,
+    })
+}
