@@ -297,6 +297,42 @@ grid_scatter(const float* __restrict__ xyz, unsigned long long stride, unsigned 
 // ------------------------------------------------------------------------------------------------
 // Sorted bounded lists of u64 keys (ascending), KEY_NONE = empty.
 
+// Serial scans of one run of sorted points (one thread per query).
+template <class L>
+__device__ __forceinline__ void serial_knn_run(L& best, const float4* __restrict__ sorted, unsigned int a, unsigned int b,
+                                               float qx, float qy, float qz) {
+    for (unsigned int pos = a; pos < b; ++pos) {
+        const float4 p = sorted[pos];
+        const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+        const u64 key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
+        if (key < best.kth) best.insert(key);
+    }
+}
+template <class L>
+__device__ __forceinline__ void serial_ball_run(L& best, const float4* __restrict__ sorted, unsigned int a, unsigned int b,
+                                                float qx, float qy, float qz, float r2, float rmin2, unsigned int& found) {
+    for (unsigned int pos = a; pos < b; ++pos) {
+        const float4 p = sorted[pos];
+        const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+        if (rmin2 <= d && d < r2) {
+            ++found;
+            const u64 key = (u64)__float_as_uint(p.w);
+            if (key < best.kth) best.insert(key);
+        }
+    }
+}
+#define SERIAL_RUNS                                                                                             \
+    __device__ __forceinline__ void knn_run(const float4* __restrict__ sorted, unsigned int a, unsigned int b,     \
+                                            float qx, float qy, float qz) {                                      \
+        serial_knn_run(*this, sorted, a, b, qx, qy, qz);                                                       \
+    }                                                                                                          \
+    __device__ __forceinline__ void ball_run(const float4* __restrict__ sorted, unsigned int a, unsigned int b,    \
+                                             float qx, float qy, float qz, float r2, float rmin2,               \
+                                             unsigned int& found) {                                             \
+        serial_ball_run(*this, sorted, a, b, qx, qy, qz, r2, rmin2, found);                                    \
+    }
+
+
 template <int CAP>
 struct RegList {
     u64 v[CAP];
@@ -322,6 +358,7 @@ struct RegList {
             if ((unsigned int)j == k - 1u) t = v[j];
         kth = t;
     }
+    SERIAL_RUNS
     __device__ __forceinline__ u64 first() const { return v[0]; }
     __device__ __forceinline__ void emit_knn(int* oi, float* od) const {
 #pragma unroll
@@ -360,6 +397,7 @@ struct GlobalList {
         v[j] = key;
         kth = v[k - 1];
     }
+    SERIAL_RUNS
     __device__ __forceinline__ u64 first() const { return v[0]; }
     __device__ __forceinline__ void emit_knn(int* oi, float* od) const {
         for (unsigned int j = 0; j < k; ++j) {
@@ -370,6 +408,79 @@ struct GlobalList {
     }
     __device__ __forceinline__ void emit_ball(int* oi, unsigned int cnt, int pad) const {
         for (unsigned int j = 0; j < k; ++j) oi[j] = j < cnt ? (int)(unsigned int)v[j] : pad;
+    }
+};
+
+
+// Warp-distributed sorted list (one query per warp, k <= 32): lane j holds element j.
+struct WarpList {
+    u64 v;
+    unsigned int k;
+    unsigned int lane;
+    u64 kth;
+    __device__ __forceinline__ void init(unsigned int kk, u64* /*unused*/) {
+        k = kk;
+        lane = threadIdx.x & 31u;
+        v = KEY_NONE;
+        kth = KEY_NONE;
+    }
+    // Warp-uniform key < kth.
+    __device__ __forceinline__ void insert(u64 key) {
+        u64 up = __shfl_up_sync(0xffffffffu, v, 1);
+        v = key < v ? ((lane == 0u || up < key) ? key : up) : v;
+        kth = __shfl_sync(0xffffffffu, v, k - 1u);
+    }
+    __device__ __forceinline__ void knn_run(const float4* __restrict__ sorted, unsigned int a, unsigned int b,
+                                            float qx, float qy, float qz) {
+        for (unsigned int base = a; base < b; base += 32u) {
+            const unsigned int pos = base + lane;
+            u64 key = KEY_NONE;
+            if (pos < b) {
+                const float4 p = sorted[pos];
+                const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+                key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
+            }
+            unsigned int mask = __ballot_sync(0xffffffffu, key < kth);
+            while (mask) {
+                const int src = __ffs(mask) - 1;
+                mask &= mask - 1u;
+                const u64 kk = __shfl_sync(0xffffffffu, key, src);
+                if (kk < kth) insert(kk);
+            }
+        }
+    }
+    __device__ __forceinline__ void ball_run(const float4* __restrict__ sorted, unsigned int a, unsigned int b,
+                                             float qx, float qy, float qz, float r2, float rmin2, unsigned int& found) {
+        for (unsigned int base = a; base < b; base += 32u) {
+            const unsigned int pos = base + lane;
+            bool in = false;
+            u64 key = KEY_NONE;
+            if (pos < b) {
+                const float4 p = sorted[pos];
+                const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+                in = rmin2 <= d && d < r2;
+                key = (u64)__float_as_uint(p.w);
+            }
+            const unsigned int inmask = __ballot_sync(0xffffffffu, in);
+            found += __popc(inmask);
+            unsigned int mask = __ballot_sync(0xffffffffu, in && key < kth);
+            while (mask) {
+                const int src = __ffs(mask) - 1;
+                mask &= mask - 1u;
+                const u64 kk = __shfl_sync(0xffffffffu, key, src);
+                if (kk < kth) insert(kk);
+            }
+        }
+    }
+    __device__ __forceinline__ u64 first() const { return __shfl_sync(0xffffffffu, v, 0); }
+    __device__ __forceinline__ void emit_knn(int* oi, float* od) const {
+        if (lane < k) {
+            oi[lane] = v == KEY_NONE ? -1 : (int)(unsigned int)(v & 0xffffffffull);
+            od[lane] = v == KEY_NONE ? __int_as_float(0x7f800000) : __uint_as_float((unsigned int)(v >> 32));
+        }
+    }
+    __device__ __forceinline__ void emit_ball(int* oi, unsigned int cnt, int pad) const {
+        if (lane < k) oi[lane] = lane < cnt ? (int)(unsigned int)v : pad;
     }
 };
 
@@ -395,12 +506,7 @@ __device__ __forceinline__ void knn_scan(const GridParams& g, const unsigned int
         const float kd = __uint_as_float((unsigned int)(best.kth >> 32));
         if ((double)kd < d2_lower_bound(gx * gx + gy * gy + gz * gz)) return;
     }
-    for (unsigned int pos = a; pos < b; ++pos) {
-        const float4 p = sorted[pos];
-        const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
-        const u64 key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
-        if (key < best.kth) best.insert(key);
-    }
+    best.knn_run(sorted, a, b, qx, qy, qz);
 }
 
 // Keys are never KEY_NONE (its distance bits would be a NaN), so `kth != KEY_NONE` means full.
@@ -444,11 +550,18 @@ __device__ __forceinline__ void knn_one(const GridParams& g, const unsigned int*
 }
 
 template <class L>
+__device__ __forceinline__ unsigned int query_index();
+template <>
+__device__ __forceinline__ unsigned int query_index<WarpList>() { return (blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x) >> 5; }
+template <class L>
+__device__ __forceinline__ unsigned int query_index() { return blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x; }
+
+template <class L>
 __device__ __forceinline__ void knn_kernel_body(const float* __restrict__ qxyz, unsigned long long qstride, unsigned int m,
                                                 const GridParams* __restrict__ gp, const unsigned int* __restrict__ start,
                                                 const float4* __restrict__ sorted, unsigned int k, int* __restrict__ out_idx,
                                                 float* __restrict__ out_d, u64* scratch) {
-    const unsigned int q = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x;
+    const unsigned int q = query_index<L>();
     if (q >= m) return;
     const GridParams g = *gp;
     const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
@@ -470,6 +583,7 @@ extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_8(KNN_ARGS
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_16(KNN_ARGS) { knn_kernel_body<RegList<16>>(KNN_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_32(KNN_ARGS) { knn_kernel_body<RegList<32>>(KNN_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_global(KNN_ARGS) { knn_kernel_body<GlobalList>(KNN_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_warp(KNN_ARGS) { knn_kernel_body<WarpList>(KNN_PASS); }
 
 // ------------------------------------------------------------------------------------------------
 // Ball query. pad_first: 1 = FirstFound, 0 = Minus1.
@@ -480,7 +594,7 @@ __device__ __forceinline__ void ball_kernel_body(const float* __restrict__ qxyz,
                                                  const float4* __restrict__ sorted, unsigned int ns, float radius,
                                                  float r2, float rmin2, unsigned int pad_first, int* __restrict__ out_idx,
                                                  unsigned int* __restrict__ out_cnt, u64* scratch) {
-    const unsigned int q = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x;
+    const unsigned int q = query_index<L>();
     if (q >= m) return;
     const GridParams g = *gp;
     const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
@@ -503,15 +617,7 @@ __device__ __forceinline__ void ball_kernel_body(const float* __restrict__ qxyz,
                 if (gx * gx + gy * gy > reach2) continue;
                 const unsigned int a = start[cell_id(g, cx, cy, lo[2])];
                 const unsigned int b = start[cell_id(g, cx, cy, hi[2]) + 1u];
-                for (unsigned int pos = a; pos < b; ++pos) {
-                    const float4 p = sorted[pos];
-                    const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
-                    if (rmin2 <= d && d < r2) {
-                        ++found;
-                        const u64 key = (u64)__float_as_uint(p.w);
-                        if (key < best.kth) best.insert(key);
-                    }
-                }
+                best.ball_run(sorted, a, b, qx, qy, qz, r2, rmin2, found);
             }
         }
     }
@@ -533,3 +639,4 @@ extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_8(BALL_AR
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_16(BALL_ARGS) { ball_kernel_body<RegList<16>>(BALL_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_32(BALL_ARGS) { ball_kernel_body<RegList<32>>(BALL_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_global(BALL_ARGS) { ball_kernel_body<GlobalList>(BALL_PASS); }
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_warp(BALL_ARGS) { ball_kernel_body<WarpList>(BALL_PASS); }

@@ -43,6 +43,9 @@ pub struct NeighborsScratch {
     width: usize,
     /// Kernel of the last query launch.
     pub last_kernel: String,
+    /// Use the one-thread-per-query kernels (`*_reg_*`) instead of one warp per query for
+    /// widths <= 32 (slower; kept for comparison and checks).
+    pub thread_per_query: bool,
 }
 
 impl NeighborsScratch {
@@ -63,6 +66,7 @@ impl NeighborsScratch {
             rows: 0,
             width: 0,
             last_kernel: String::new(),
+            thread_per_query: false,
         })
     }
 
@@ -159,7 +163,10 @@ fn build_grid(ctx: &GpuContext, s: &mut NeighborsScratch, points: DeviceXyz<'_>,
     Ok(())
 }
 
-fn list_kernel(prefix: &str, width: usize) -> String {
+fn list_kernel(prefix: &str, width: usize, thread_per_query: bool) -> String {
+    if width <= 32 && !thread_per_query {
+        return format!("{prefix}_warp");
+    }
     match width {
         0..=8 => format!("{prefix}_reg_8"),
         9..=16 => format!("{prefix}_reg_16"),
@@ -186,7 +193,7 @@ pub fn knn_enqueue(ctx: &GpuContext, s: &mut NeighborsScratch, points: DeviceXyz
         return Ok(());
     }
     build_grid(ctx, s, points, 0, k.min(u32::MAX as usize) as u32, 0.0)?;
-    s.last_kernel = list_kernel("knn", k);
+    s.last_kernel = list_kernel("knn", k, s.thread_per_query);
     launch_query(ctx, s, queries, QueryKind::Knn { k: k as u32 })
 }
 
@@ -200,6 +207,8 @@ fn launch_query(ctx: &GpuContext, s: &mut NeighborsScratch, queries: DeviceXyz<'
     let m = queries.len;
     let b = ctx.profile.block_size.neighbors as usize;
     let width = s.width;
+    let name = s.last_kernel.clone();
+    let warp = name.ends_with("_warp");
     let NeighborsScratch { gp, start, sorted, list, out_idx, out_d, out_cnt, .. } = s;
     let gp = gp.ensure(stream, GRID_PARAMS_WORDS)?;
     let start = start.ensure(stream, 1)?;
@@ -207,11 +216,12 @@ fn launch_query(ctx: &GpuContext, s: &mut NeighborsScratch, queries: DeviceXyz<'
     let list = list.ensure(stream, if width > 32 { m * width } else { 1 })?;
     let oi = out_idx.ensure(stream, m * width)?;
     let (qs, m32) = (queries.stride as u64, m as u32);
-    let cfg = LaunchConfig { grid_dim: (blocks(m, b), 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
+    let threads = if warp { m * 32 } else { m };
+    let cfg = LaunchConfig { grid_dim: (blocks(threads, b), 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
     match kind {
         QueryKind::Knn { k } => {
             let od = out_d.ensure(stream, m * width)?;
-            let f = ctx.function("neighbors", &list_kernel("knn", width))?;
+            let f = ctx.function("neighbors", &name)?;
             let mut l = stream.launch_builder(&f);
             l.arg(queries.data).arg(&qs).arg(&m32).arg(&*gp).arg(&*start).arg(&*sorted).arg(&k).arg(&mut *oi).arg(&mut *od).arg(&mut *list);
             // SAFETY: matches `knn_*` in cuda/neighbors.cu; outputs hold m * k, list m * k when k > 32.
@@ -219,7 +229,7 @@ fn launch_query(ctx: &GpuContext, s: &mut NeighborsScratch, queries: DeviceXyz<'
         }
         QueryKind::Ball { ns, radius, r2, rmin2, pad_first } => {
             let oc = out_cnt.ensure(stream, m)?;
-            let f = ctx.function("neighbors", &list_kernel("ball", width))?;
+            let f = ctx.function("neighbors", &name)?;
             let mut l = stream.launch_builder(&f);
             l.arg(queries.data)
                 .arg(&qs)
@@ -259,7 +269,7 @@ pub fn ball_query_enqueue(
         return Ok(());
     }
     build_grid(ctx, s, points, 1, 0, params.radius)?;
-    s.last_kernel = list_kernel("ball", ns);
+    s.last_kernel = list_kernel("ball", ns, s.thread_per_query);
     let kind = QueryKind::Ball {
         ns: ns as u32,
         radius: params.radius,
@@ -437,6 +447,11 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         };
         let ks: &[usize] = if name == "os1-128_scan0" { &[1, 16, 32, 48] } else { &[16] };
         check_pair(ctx, &mut s, &mut rows, &format!("{name}, queries every 7th"), ((&dev).into(), &host), (qdx, &qh), ks, &balls)?;
+        if name == "os1-128_scan0" {
+            s.thread_per_query = true;
+            check_pair(ctx, &mut s, &mut rows, &format!("{name}, queries every 7th, thread/query"), ((&dev).into(), &host), (qdx, &qh), &[16, 32], &balls[..2])?;
+            s.thread_per_query = false;
+        }
     }
 
     let mut rng = Rng::new(seed ^ 0x5eed);
@@ -565,6 +580,32 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
         peer_ms: Some(8.47),
         note: format!("grid build + {}", s.last_kernel),
     });
+    let ms = time_ms(ctx, 3, runs, || build_grid(ctx, &mut s, pd, 0, 32, 0.0))?;
+    rows.push(BenchRow {
+        operator: "knn grid build only".into(),
+        workload: "scan0 grid for k=32 (included in the rows above/below)".into(),
+        points: n,
+        median_ms: ms,
+        runs,
+        min_bytes: (n * 12 * 2 + n * 16) as u64,
+        target_ms: None,
+        peer_ms: None,
+        note: "bbox, setup, count, 3-kernel scan, scatter".into(),
+    });
+    s.thread_per_query = true;
+    let ms = time_ms(ctx, 3, runs, || knn_enqueue(ctx, &mut s, pd, qd, &p))?;
+    rows.push(BenchRow {
+        operator: "knn".into(),
+        workload: "W3b k=32 (one thread per query, for comparison)".into(),
+        points: n,
+        median_ms: ms,
+        runs,
+        min_bytes: (n * 12 + m * 12 + m * 32 * 8) as u64,
+        target_ms: Some(0.5),
+        peer_ms: Some(8.47),
+        note: format!("grid build + {}", s.last_kernel),
+    });
+    s.thread_per_query = false;
     for r in [1.0f32, 2.0] {
         let p = bq(r, 0.0, 32, BallPadding::FirstFound);
         let ms = time_ms(ctx, 3, runs, || ball_query_enqueue(ctx, &mut s, pd, qd, &p))?;
