@@ -72,15 +72,16 @@ impl OutputBag {
     }
 }
 
-/// Picks the cloud topic: the one asked for, else the bag's only PointCloud2 topic.
-fn cloud_topic(reader: &bag::BagReader, asked: Option<&str>) -> Result<String, ReplayError> {
+/// Picks the cloud topic: the one asked for, else the bag's only PointCloud2 topic that is not
+/// the boxes topic.
+fn cloud_topic(reader: &bag::BagReader, asked: Option<&str>, boxes_topic: Option<&str>) -> Result<String, ReplayError> {
     if let Some(t) = asked {
         reader.require_topic_type(t, POINTCLOUD2_TYPE)?;
         return Ok(t.to_string());
     }
     let path = reader.path().display().to_string();
     let clouds: Vec<&str> =
-        reader.topics().iter().filter(|t| t.type_name == POINTCLOUD2_TYPE).map(|t| t.name.as_str()).collect();
+        reader.topics().iter().filter(|t| t.type_name == POINTCLOUD2_TYPE && Some(t.name.as_str()) != boxes_topic).map(|t| t.name.as_str()).collect();
     match clouds.as_slice() {
         [one] => Ok(one.to_string()),
         [] => Err(ReplayError::NoCloudTopic {
@@ -134,8 +135,8 @@ fn frame_line(index: u64, out: &FrameOutput) -> String {
 /// Replays `opts.bag` through a pipeline built from `config` on `engine`.
 pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> Result<ReplaySummary, ReplayError> {
     let reader = bag::open(&opts.bag)?;
-    let topic = cloud_topic(&reader, opts.topic.as_deref())?;
     let boxes_topic = config.nms.enabled.then(|| config.nms.boxes_topic.clone()).filter(|t| reader.topic(t).is_some());
+    let topic = cloud_topic(&reader, opts.topic.as_deref(), boxes_topic.as_deref())?;
     let feature_names = config.features.clone();
     let mut pipeline = Pipeline::with_engine(config, engine);
     let mut out = opts.out.as_deref().map(OutputBag::create).transpose()?;

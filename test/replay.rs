@@ -96,3 +96,57 @@ fn ambiguous_topic_is_an_error() {
     let err = replay(&options(path, None), PipelineConfig::default(), Engine::Cpu).unwrap_err().to_string();
     assert!(err.contains("/a") && err.contains("/b") && err.contains("--topic"), "{err}");
 }
+
+/// Box records on the configured boxes topic go through NMS; the kept boxes written to the output
+/// bag are the ones the CPU operator keeps when called directly.
+#[test]
+fn boxes_topic_goes_through_nms() {
+    use lidar_kernels::ops::nms::{nms, Box3d};
+    use lidar_kernels::pipeline::outputs::{boxes_from_cloud, boxes_message};
+    use rand::{Rng, SeedableRng};
+    let dir = scratch("replay_boxes");
+    let path = dir.join("boxes.mcap");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let n = 300;
+    let boxes: Vec<Box3d> = (0..n)
+        .map(|_| Box3d {
+            x: rng.random_range(-20.0..20.0),
+            y: rng.random_range(-20.0..20.0),
+            z: 0.0,
+            length: rng.random_range(1.0..5.0),
+            width: rng.random_range(1.0..3.0),
+            height: 1.5,
+            yaw: rng.random_range(-3.2..3.2),
+        })
+        .collect();
+    let scores: Vec<f32> = (0..n).map(|_| (rng.random_range(0..20) as f32) / 20.0).collect();
+    let labels: Vec<i32> = (0..n).map(|_| rng.random_range(0..3)).collect();
+    let config = PipelineConfig::default();
+    let mut w = McapBagWriter::create(&path).unwrap();
+    let scan = common::load_ouster("os1-32_scan0.bin");
+    let clouds = w.add_topic("/points", POINTCLOUD2_TYPE).unwrap();
+    w.write(clouds, 1, &PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::packed_for(&scan)).to_cdr()).unwrap();
+    let topic = w.add_topic(&config.nms.boxes_topic, POINTCLOUD2_TYPE).unwrap();
+    let header = Header { stamp_sec: 5, stamp_nanosec: 7, frame_id: "lidar".into() };
+    w.write(topic, 2, &boxes_message(&header, &boxes, &scores, &labels).to_cdr()).unwrap();
+    w.finish().unwrap();
+
+    let mut cfg = config.clone();
+    cfg.features = vec!["reflectivity".into()];
+    cfg.fps.params.num_samples = 64;
+    let out = dir.join("out.mcap");
+    let summary = replay(&options(path, Some(out.clone())), cfg.clone(), Engine::Cpu).unwrap();
+    assert_eq!(summary.box_frames, 1);
+    let expected = nms(&boxes, &scores, &labels, &cfg.nms.params).unwrap();
+    let reader = bag::open(&out).unwrap();
+    let kept: Vec<_> = reader.messages(Some("/lidar_kernels/boxes")).map(Result::unwrap).collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].log_time_ns, header.stamp_ns());
+    let (h, g) = Cloud::from_cdr(&kept[0].data).unwrap();
+    assert_eq!(h, header);
+    let (kb, ks, kl) = boxes_from_cloud(&g.cloud).unwrap();
+    let idx: Vec<usize> = expected.keep.iter().map(|&k| k as usize).collect();
+    assert_eq!(kb, idx.iter().map(|&i| boxes[i]).collect::<Vec<_>>());
+    assert_eq!(ks, idx.iter().map(|&i| scores[i]).collect::<Vec<_>>());
+    assert_eq!(kl, idx.iter().map(|&i| labels[i]).collect::<Vec<_>>());
+}

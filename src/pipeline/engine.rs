@@ -6,10 +6,12 @@ use super::config::{NeighborMode, PipelineConfig, VoxelMode};
 use crate::cloud::{gather, Cloud, Gathered, PointCloud2};
 use crate::gpu::fps::{farthest_point_sample_with, upload_xyz, DeviceXyz, FpsScratch};
 use crate::gpu::neighbors::{ball_query_with, knn_with, NeighborsScratch};
+use crate::gpu::nms::{validate_input, DeviceNms};
 use crate::gpu::voxel::{downsampled_from, GpuVoxelizer};
 use crate::gpu::{select_backend, BackendKind, GpuContext, GpuError, ProfileChoice};
 use crate::ops::fps::{farthest_point_sample, FpsOutput};
 use crate::ops::neighbors::{ball_query, knn};
+use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{voxel_grid_downsample, voxelize_dynamic, voxelize_hard};
 
 /// What one frame's stages produced, before output encoding.
@@ -28,6 +30,7 @@ pub struct CudaEngine {
     downsampler: GpuVoxelizer,
     fps: FpsScratch,
     neighbors: NeighborsScratch,
+    nms: DeviceNms,
 }
 
 pub enum Engine {
@@ -46,6 +49,7 @@ impl Engine {
                 downsampler: GpuVoxelizer::new(&ctx)?,
                 fps: FpsScratch::new(&ctx)?,
                 neighbors: NeighborsScratch::new(&ctx)?,
+                nms: DeviceNms::new(&ctx)?,
                 ctx,
             })),
         })
@@ -56,6 +60,19 @@ impl Engine {
         match self {
             Engine::Cpu => "cpu".into(),
             Engine::Cuda(e) => format!("cuda {} ({}, profile {})", e.ctx.device_name, e.ctx.arch, e.ctx.profile.name),
+        }
+    }
+
+    /// NMS over one frame's boxes (same checks and keep list on both backends).
+    pub(super) fn nms(&mut self, boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams) -> Result<NmsOutput, FrameError> {
+        match self {
+            Engine::Cpu => Ok(nms(boxes, scores, classes, params)?),
+            Engine::Cuda(e) => {
+                validate_input(boxes, scores, classes, params)?;
+                let classes = if params.class_aware { classes } else { &[] };
+                e.nms.upload(&e.ctx, boxes, scores, classes).map_err(FrameError::Gpu)?;
+                e.nms.run(&e.ctx, params).map_err(FrameError::Gpu)
+            }
         }
     }
 

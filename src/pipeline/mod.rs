@@ -13,7 +13,7 @@ pub use stats::{LatencySamples, PipelineStats};
 use crate::cloud::{validate, Cloud, CloudError, Gathered, Header, PointCloud2, PointLayout};
 use crate::gpu::GpuError;
 use crate::ops::fps::FpsOutput;
-use crate::ops::nms::{nms, NmsError, NmsOutput};
+use crate::ops::nms::{NmsError, NmsOutput};
 use crate::ops::voxel::{DynamicVoxels, HardVoxels};
 use crate::ops::ParamError;
 use std::time::{Duration, Instant};
@@ -216,7 +216,7 @@ impl Pipeline {
             FrameError::BadBoxes(e)
         })?;
         let t = Instant::now();
-        let kept = nms(&boxes, &scores, &labels, &self.config.nms.params)?;
+        let kept = self.engine.nms(&boxes, &scores, &labels, &self.config.nms.params)?;
         self.stats.record_stage("nms", t.elapsed());
         let pick = |k: &u32| *k as usize;
         let msg = outputs::boxes_message(

@@ -2,7 +2,7 @@
 //! Integer values (indices, counts, coordinates) travel in INT32/UINT32 fields; the cloud type is
 //! float32, exact for integers below 2^24 (16.7 M points), far above any lidar scan.
 
-use crate::cloud::{Cloud, Datatype, Header, PointCloud2, PointField, PointLayout};
+use crate::cloud::{CdrWriter, Cloud, Datatype, Header, PointCloud2, PointField, PointLayout};
 use crate::ops::nms::Box3d;
 
 /// Fields of a box record, the format boxes travel in between programs.
@@ -92,4 +92,75 @@ pub fn boxes_from_cloud(cloud: &Cloud) -> Result<(Vec<Box3d>, Vec<f32>, Vec<i32>
         })
         .collect();
     Ok((boxes, score.to_vec(), label.iter().map(|&v| v as i32).collect()))
+}
+
+/// ROS type of [`markers_cdr`]'s message.
+pub const MARKER_ARRAY_TYPE: &str = "visualization_msgs/msg/MarkerArray";
+
+/// Colours (RGBA) of the box markers, picked by label (cycled).
+const LABEL_COLORS: [[f32; 4]; 6] = [
+    [0.10, 0.80, 0.10, 0.5],
+    [0.95, 0.55, 0.05, 0.5],
+    [0.15, 0.45, 0.95, 0.5],
+    [0.90, 0.15, 0.15, 0.5],
+    [0.70, 0.20, 0.85, 0.5],
+    [0.90, 0.90, 0.10, 0.5],
+];
+
+/// Marker `type` and `action` constants (visualization_msgs/msg/Marker).
+pub const MARKER_CUBE: i32 = 1;
+pub const MARKER_ADD: i32 = 0;
+pub const MARKER_DELETEALL: i32 = 3;
+
+/// One visualization_msgs/msg/Marker (ROS 2 Humble/Jazzy definition) into `w`.
+#[allow(clippy::too_many_arguments)]
+fn write_marker(
+    w: &mut CdrWriter, header: &Header, ns: &str, id: i32, kind: i32, action: i32, pose: [f64; 7], scale: [f64; 3],
+    color: [f32; 4],
+) {
+    header.write(w);
+    w.string(ns);
+    w.i32(id);
+    w.i32(kind);
+    w.i32(action);
+    for v in pose.into_iter().chain(scale) {
+        w.f64(v); // pose.position xyz, pose.orientation xyzw, scale xyz
+    }
+    for v in color {
+        w.f32(v);
+    }
+    w.i32(0); // lifetime.sec (0: forever; the next frame's DELETEALL clears it)
+    w.u32(0); // lifetime.nanosec
+    w.bool(false); // frame_locked
+    w.u32(0); // points[]
+    w.u32(0); // colors[]
+    w.string(""); // texture_resource
+    Header::default().write(w); // texture: sensor_msgs/CompressedImage header
+    w.string(""); // texture.format
+    w.byte_seq(&[]); // texture.data
+    w.u32(0); // uv_coordinates[]
+    w.string(""); // text
+    w.string(""); // mesh_resource
+    w.string(""); // mesh_file.filename
+    w.byte_seq(&[]); // mesh_file.data
+    w.bool(false); // mesh_use_embedded_materials
+}
+
+/// The boxes as a CDR-encoded visualization_msgs/msg/MarkerArray for RViz: first one DELETEALL
+/// marker (clears the previous frame's boxes in namespace `ns`), then one CUBE per box, id = its
+/// position in `boxes`, pose from x, y, z (box centre) and yaw (quaternion about z), scale from
+/// length, width, height, colour by label, every marker with `header` (the input's stamp and frame).
+pub fn markers_cdr(header: &Header, boxes: &[Box3d], labels: &[i32], ns: &str) -> Vec<u8> {
+    let mut w = CdrWriter::new();
+    w.u32(boxes.len() as u32 + 1);
+    write_marker(&mut w, header, ns, 0, MARKER_CUBE, MARKER_DELETEALL, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], [0.0; 3], [0.0; 4]);
+    for (i, b) in boxes.iter().enumerate() {
+        let half = b.yaw as f64 * 0.5;
+        let pose = [b.x as f64, b.y as f64, b.z as f64, 0.0, 0.0, half.sin(), half.cos()];
+        let scale = [b.length as f64, b.width as f64, b.height as f64];
+        let label = labels.get(i).copied().unwrap_or(0);
+        let color = LABEL_COLORS[label.rem_euclid(LABEL_COLORS.len() as i32) as usize];
+        write_marker(&mut w, header, ns, i as i32, MARKER_CUBE, MARKER_ADD, pose, scale, color);
+    }
+    w.finish()
 }
