@@ -45,6 +45,11 @@ enum Command {
         #[arg(default_value = "target/sample")]
         dir: PathBuf,
     },
+    /// Per topic: message count and the SHA-256 of every message's stamp and bytes, in order (two
+    /// replays on different backends must print the same digests).
+    Digest {
+        bag: PathBuf,
+    },
     /// Compile every CUDA kernel with every target profile for sm_72, sm_87 and sm_90 (NVRTC only, no GPU).
     NvrtcCheck,
     /// Every operator on the GPU and the CPU: integer outputs bit-identical, two GPU runs identical.
@@ -153,6 +158,23 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", summary.stats);
             if let Some(out) = summary.out {
                 println!("outputs written to {}", out.display());
+            }
+            Ok(())
+        }
+        Command::Digest { bag } => {
+            use sha2::{Digest, Sha256};
+            let reader = lidar_kernels::bag::open(&bag)?;
+            let mut digests: std::collections::BTreeMap<String, (u64, Sha256)> = Default::default();
+            for m in reader.messages(None) {
+                let m = m?;
+                let (count, hash) = digests.entry(m.topic.clone()).or_default();
+                *count += 1;
+                hash.update(m.log_time_ns.to_le_bytes());
+                hash.update(&m.data);
+            }
+            for (topic, (count, hash)) in digests {
+                let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+                println!("{topic} {count} {hex}");
             }
             Ok(())
         }
