@@ -23,8 +23,7 @@
 use super::context::{GpuContext, GrowBuffer, StageTimer};
 use super::report::{BenchRow, CheckRow};
 use super::GpuError;
-use crate::ops::nms::{nms as cpu_nms, Box3d, NmsError, NmsKind, NmsOutput, NmsParams, MAX_ABS_YAW};
-use crate::ops::Validate;
+use crate::ops::nms::{nms as cpu_nms, Box3d, NmsError, NmsKind, NmsOutput, NmsParams};
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 use std::path::Path;
 
@@ -53,39 +52,8 @@ impl From<cudarc::driver::DriverError> for NmsGpuError {
     }
 }
 
-/// The CPU reference's input checks (same errors, same order).
-pub fn validate_input(boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams) -> Result<(), NmsError> {
-    params.validate()?;
-    let n = boxes.len();
-    let classes_ok = classes.len() == n || (classes.is_empty() && !params.class_aware);
-    if scores.len() != n || !classes_ok {
-        return Err(NmsError::LengthMismatch { boxes: n, scores: scores.len(), classes: classes.len() });
-    }
-    if n > u32::MAX as usize {
-        return Err(NmsError::TooManyBoxes { len: n });
-    }
-    if let Some(index) = scores.iter().position(|s| s.is_nan()) {
-        return Err(NmsError::NanScore { index });
-    }
-    for (index, b) in boxes.iter().enumerate() {
-        let bad = |reason| Err(NmsError::InvalidBox { index, reason });
-        if !(b.x.is_finite() && b.y.is_finite()) {
-            return bad("x and y must be finite");
-        }
-        if params.kind != NmsKind::Circle {
-            if !(b.length.is_finite() && b.width.is_finite()) {
-                return bad("length and width must be finite");
-            }
-            if !(b.length >= 0.0 && b.width >= 0.0) {
-                return bad("length and width must be >= 0");
-            }
-        }
-        if params.kind == NmsKind::RotatedBev && !(b.yaw.abs() <= MAX_ABS_YAW) {
-            return bad("|yaw| must be <= MAX_ABS_YAW (8192) for rotated NMS");
-        }
-    }
-    Ok(())
-}
+/// The CPU reference's input checks, shared so that both backends refuse the same input alike.
+pub use crate::ops::nms::validate_input;
 
 /// Device buffers of the NMS (grow-only; reuse one `DeviceNms` frame after frame).
 pub struct DeviceNms {

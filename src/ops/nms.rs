@@ -794,8 +794,9 @@ fn check_box(b: &Box3d, kind: NmsKind) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Non-maximum suppression; see the module documentation for the exact semantics.
-pub fn nms(boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams) -> Result<NmsOutput, NmsError> {
+/// The input checks of [`nms`], in order (parameters, lengths, NaN scores, each box's fields):
+/// every backend refuses the same input with the same error.
+pub fn validate_input(boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams) -> Result<(), NmsError> {
     params.validate()?;
     let n = boxes.len();
     let classes_ok = classes.len() == n || (classes.is_empty() && !params.class_aware);
@@ -811,6 +812,13 @@ pub fn nms(boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams)
     for (index, b) in boxes.iter().enumerate() {
         check_box(b, params.kind).map_err(|reason| NmsError::InvalidBox { index, reason })?;
     }
+    Ok(())
+}
+
+/// Non-maximum suppression; see the module documentation for the exact semantics.
+pub fn nms(boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams) -> Result<NmsOutput, NmsError> {
+    validate_input(boxes, scores, classes, params)?;
+    let n = boxes.len();
 
     let st = params.score_threshold;
     let mut order: Vec<u32> = (0..n as u32).filter(|&i| scores[i as usize] >= st).collect();
