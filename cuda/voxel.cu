@@ -2,39 +2,50 @@
 // PointPillars point decoration. Must reproduce src/ops/voxel.rs bit for bit on every integer output
 // (and on every float output whose arithmetic order the reference fixes).
 //
-// Pipeline (src/gpu/voxel.rs enqueues it; no host synchronization inside):
-//   1. vox_hash_insert   one thread per point: voxel coordinate in f32 exactly as VoxelGrid::coord
+// Pipeline (src/gpu/voxel.rs enqueues it; no memset, no host synchronization inside; 4 launches for
+// 16-bit voxel ranks such as W1 pillars, 5 for up to 24 bits):
+//   1. vox_insert        one thread per point: voxel coordinate in f32 exactly as VoxelGrid::coord
 //                        (one __fsub_rn, one __fdiv_rn, floorf, range test in f32); linear key
-//                        (z*dy+y)*dx+x; open-addressing insert (linear probing, CAS on key+1), then
-//                        atomicMax(first_enc[slot], ~i) = the smallest point index of the voxel.
-//                        pslot[i] = table slot or -1.
-//   2. vox_rank          single pass, decoupled look-back scan (as cuda/gather.cu) over the flags
-//                        "point i is the first point of its voxel" in input order: the exclusive prefix
-//                        is the voxel's rank = its output index (first-point order). Stored in
-//                        table_vid[slot]; ranks < max_voxels write their [z,y,x] coordinate.
-//   3. vox_point_key     one thread per point: sort key = rank if in range and rank < max_voxels,
-//                        else key_max (sorts last); counts out-of-range / voxel-capacity drops;
-//                        dynamic mode also writes point_voxel and point_coords.
-//   4. LSD radix sort by key (stable; values = point indices, starting as the identity):
-//                        vox_radix_hist (per-tile digit histogram), vox_radix_rowscan (per-digit
-//                        exclusive scan over tiles), vox_radix_scatter (stable in-tile ranks with
-//                        __match_any_sync, rounds in input order). Stable by key with the identity as
-//                        input = sorted by (key, point index): the points of a voxel are contiguous
-//                        and in input order, so slot = position - segment start (deterministic).
-//   5. vox_segments      segment start/end of every voxel in the sorted order.
-//   6. vox_hard_fill     one thread per (voxel, slot): copies the channels of the slot's point (or
-//                        writes 0.0 padding), num_points = min(count, P), point-capacity drops; with
-//                        the pillar flag it also writes the 9/10 PointPillars channels (fused).
+//                        (z*dy+y)*dx+x. Table slot: DIRECT mode (small grids, e.g. 640 x 640 x 1
+//                        pillars) slot = linear key, one entry per cell; HASH mode: open addressing
+//                        (linear probing, CAS on key+1 into a table kept all-zero between calls).
+//                        atomicMax(first[slot], gen << 32 | ~i) = the voxel's smallest point index,
+//                        tagged with this call's generation `gen` (entries of earlier calls compare
+//                        smaller and read as stale: the table is never cleared). pslot[i] = slot or -1.
+//                        Block 0 zeroes the counters and the global radix histograms.
+//   2. vox_rank_keys     single-pass decoupled look-back scan (generation-tagged tile status, warp-wide
+//                        look-back) over the flags "point i is the first point of its voxel", in input
+//                        order: the exclusive prefix is the voxel's rank = its output index
+//                        (first-point order). The first point's thread writes vid[slot] = rank and the
+//                        voxel coordinate, clears the hash key (HASH mode), then the tile publishes
+//                        DONE. Every other point reads its voxel's rank once the tile holding the
+//                        voxel's first point (an earlier or the same tile) is DONE, and writes its sort
+//                        key = rank (flag bit 31 on the voxel's first point) or key_max (dropped:
+//                        out of range / voxel capacity), the per-pass digit histograms (onesweep) and
+//                        the drop counters; dynamic mode also writes point_voxel.
+//   3. vox_sort_pass     stable LSD radix pass (one launch per <= 8-bit digit; values = point indices,
+//                        the identity on the first pass): per-warp match_any ranks in input order,
+//                        per-digit decoupled look-back across tiles (generation-tagged status) on top
+//                        of the global digit offsets from step 2. Stable by key with the identity as
+//                        input = sorted by (rank, point index): the points of a voxel are contiguous
+//                        and in input order, so slot = position - segment start (deterministic). The
+//                        last pass writes only the values of kept points and, for the flagged first
+//                        point of each voxel, seg_start[rank] = its position (segments fused in).
+//   4. vox_hard_fill     one thread per (voxel, slot): segment [seg_start[v], seg_start[v + 1]) (the
+//                        last one ends at the number of kept points), num_points = min(count, P),
+//                        point-capacity drops, raw channels or 0.0 padding; with the pillar flag also
+//                        the 9/10 PointPillars channels (fused; for P <= 32 the voxel's slots share one
+//                        group of lanes and the f32 sums run over warp shuffles in slot order).
 //      vox_dyn_means     one thread per (voxel, channel): f64 sum in input order / count -> f32.
 //      vox_pillar        PointPillars decoration of hard voxels already on the device.
 //
-// Every scan is an exact integer prefix; atomics only count (sums of integers) or take a min, so
+// Every scan is an exact integer prefix; atomics only count (sums of integers) or take a max, so
 // every output is a function of the input alone.
 //
 // Compile-time constants (kernel profile, -D NAME=value):
-//   VOXEL_BLOCK  threads per block (multiple of 32, 256..=1024 for the radix kernels: the radix
-//                kernels handle 256 digits with a strided loop, so any multiple of 32 works)
-//   VOXEL_ITEMS  consecutive points per thread in the scan / radix tiles
+//   VOXEL_BLOCK  threads per block (multiple of 32, 32..=1024; the radix kernels handle 256 digits
+//                with strided loops)
+//   VOXEL_ITEMS  consecutive points per thread in the rank / radix tiles
 //   HASH_LOAD_FACTOR  (used on the host to size the table)
 
 #ifndef VOXEL_BLOCK
@@ -55,17 +66,27 @@
 #define VOX_WARPS (VOXEL_BLOCK / 32)
 #define VOX_MAX_CHANNELS 16
 #define RADIX_BINS 256
+#define RADIX_MAX_PASSES 4
 
-#define STATUS_AGGREGATE 1ull
-#define STATUS_PREFIX 2ull
+// Status words (u64): gen << 32 | flag << 30 | value (value < 2^30: at most 2^30 - 1 points).
+#define ST_AGG 1u     // the tile's own count
+#define ST_PREFIX 2u  // inclusive prefix up to and including the tile
+#define ST_DONE 3u    // prefix, and (vox_rank_keys) the tile's first points have written their vid
+#define ST_VALUE 0x3fffffffu
 
-// Counter words (u32), see src/gpu/voxel.rs `CTR_*`.
-#define CTR_TILE 0          // tile counter of vox_rank
+// Counter words (u32), see src/gpu/voxel.rs `CTR_*`. Zeroed by vox_insert (block 0).
+#define CTR_RANK_TILE 0     // tile counter of vox_rank_keys
 #define CTR_VOXELS 1        // distinct in-range voxels (uncapped)
 #define CTR_OUT_OF_RANGE 2
 #define CTR_VOXEL_CAP 3     // in-range points of voxels not kept
 #define CTR_POINT_CAP 4     // points of kept voxels past P
-#define CTR_WORDS 8
+#define CTR_SORT_TILE 5     // 5..9: tile counter of sort pass q
+#define CTR_WORDS 16
+#define CTR_HIST CTR_WORDS  // RADIX_MAX_PASSES x RADIX_BINS global digit counts
+#define CTR_TOTAL (CTR_WORDS + RADIX_MAX_PASSES * RADIX_BINS)
+
+#define KEY_FIRST 0x80000000u // sort-key flag: the voxel's first point
+#define KEY_MASK 0x7fffffffu
 
 // Must match `VoxParams` in src/gpu/voxel.rs (repr(C), 4-byte fields only).
 struct VoxParams {
@@ -81,7 +102,11 @@ struct VoxParams {
     unsigned int key_max;      // sort key of points without a kept voxel (> every kept rank)
     unsigned int hash_mask;    // table size - 1 (power of two)
     unsigned int hash_shift;   // 64 - log2(table size)
-    unsigned int flags;        // bit 0: write raw features, bit 1: pillar features, bit 2: with range
+    unsigned int flags;        // FLAG_*
+    unsigned int gen;          // generation of this call (>= 1), tags the table and status words
+    unsigned int sort_passes;  // radix passes (1..=4)
+    unsigned int sort_bits;    // bits per pass (pass q: shift q * sort_bits)
+    unsigned int sort_total;   // key bits covered (the last pass may have fewer)
     unsigned int pad_;
     unsigned int ch[VOX_MAX_CHANNELS]; // cloud channel index of output channel k
 };
@@ -89,6 +114,7 @@ struct VoxParams {
 #define FLAG_RAW 1u
 #define FLAG_PILLAR 2u
 #define FLAG_RANGE 4u
+#define FLAG_DIRECT 8u
 
 __device__ __forceinline__ const float* col(const float* cloud, const VoxParams& p, unsigned int k) {
     return cloud + (unsigned long long)p.ch[k] * p.capacity;
@@ -114,37 +140,22 @@ __device__ __forceinline__ unsigned int hash_slot(const VoxParams& p, unsigned l
     return (unsigned int)((key * 0x9E3779B97F4A7C15ull) >> p.hash_shift) & p.hash_mask;
 }
 
-// 1. Keys and hash inserts. Table: keys (key + 1, 0 = empty), first_enc (~min index, 0 = none).
-extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_hash_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsigned int* table_first,
-                int* __restrict__ pslot, const VoxParams p) {
-    const unsigned int i = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
-    if (i >= p.n) return;
-    const float x = cloud[i];
-    const float y = cloud[(unsigned long long)p.capacity + i];
-    const float z = cloud[2ull * p.capacity + i];
-    unsigned int c[3];
-    if (!voxel_coord(p, x, y, z, c)) {
-        pslot[i] = -1;
-        return;
-    }
-    const unsigned long long key1 = linear_key(p, c) + 1ull;
-    unsigned int s = hash_slot(p, key1 - 1ull);
-    while (true) {
-        const unsigned long long cur = table_keys[s];
-        if (cur == key1) break;
-        if (cur == 0ull) {
-            const unsigned long long prev = atomicCAS(&table_keys[s], 0ull, key1);
-            if (prev == 0ull || prev == key1) break;
-        }
-        s = (s + 1u) & p.hash_mask;
-    }
-    atomicMax(&table_first[s], ~i);
-    pslot[i] = (int)s;
+__device__ __forceinline__ unsigned long long st_make(unsigned int gen, unsigned int flag, unsigned int v) {
+    return ((unsigned long long)gen << 32) | ((unsigned long long)flag << 30) | (unsigned long long)v;
 }
 
-__device__ __forceinline__ unsigned long long status_load(unsigned long long* s) {
-    return atomicOr(s, 0ull);
+__device__ __forceinline__ void st_store(unsigned long long* p, unsigned long long v) {
+    *(volatile unsigned long long*)p = v;
+}
+
+// Spins until the status word carries generation `gen` and a flag >= min_flag; returns its low
+// 32 bits (flag << 30 | value).
+__device__ __forceinline__ unsigned int st_wait(const unsigned long long* p, unsigned int gen, unsigned int min_flag) {
+    while (true) {
+        const unsigned long long s = *(const volatile unsigned long long*)p;
+        if ((unsigned int)(s >> 32) == gen && ((unsigned int)s >> 30) >= min_flag) return (unsigned int)s;
+        __nanosleep(20);
+    }
 }
 
 // Block-wide exclusive scan of one value per thread; returns the thread's exclusive prefix and the
@@ -176,6 +187,25 @@ __device__ __forceinline__ unsigned int block_scan(unsigned int v, unsigned int*
     return excl;
 }
 
+// Block reduce (sum) then one atomicAdd.
+__device__ __forceinline__ void block_count(unsigned int v, unsigned int* warp_buf, unsigned int* dst) {
+    unsigned int total;
+    block_scan(v, warp_buf, &total);
+    if (threadIdx.x == 0 && total != 0u) atomicAdd(dst, total);
+}
+
+__device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
+#pragma unroll
+    for (unsigned int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ unsigned int warp_max(unsigned int v) {
+#pragma unroll
+    for (unsigned int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 __device__ __forceinline__ void write_coord(int* coords, unsigned int r, const VoxParams& p, unsigned long long key) {
     const unsigned long long dxy = (unsigned long long)p.dim[0] * p.dim[1];
     const unsigned int z = (unsigned int)(key / dxy);
@@ -187,209 +217,287 @@ __device__ __forceinline__ void write_coord(int* coords, unsigned int r, const V
     coords[3ull * r + 2] = (int)x;
 }
 
-// 2. Voxel ranks in first-point order (single-pass decoupled look-back scan).
+// Digit of `key` in radix pass q.
+__device__ __forceinline__ unsigned int radix_digit(const VoxParams& p, unsigned int key, unsigned int q) {
+    const unsigned int shift = q * p.sort_bits;
+    const unsigned int bits = min(p.sort_bits, p.sort_total - shift);
+    return (key >> shift) & ((1u << bits) - 1u);
+}
+
+// 1. Table inserts (+ zeroing of the counters and histograms). point_coords != null: dynamic mode,
+// also writes each point's [z, y, x] (or -1).
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_rank(const int* __restrict__ pslot, const unsigned long long* __restrict__ table_keys,
-         const unsigned int* __restrict__ table_first, unsigned int* table_vid, int* __restrict__ coords,
-         unsigned long long* tile_status, unsigned int* counters, const VoxParams p) {
+vox_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsigned long long* table_first,
+           int* __restrict__ pslot, unsigned int* __restrict__ ctr, int* __restrict__ point_coords, const VoxParams p) {
+    if (blockIdx.x == 0)
+        for (unsigned int w = threadIdx.x; w < CTR_TOTAL; w += VOXEL_BLOCK) ctr[w] = 0u;
+    const unsigned int i = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
+    if (i >= p.n) return;
+    const float x = cloud[i];
+    const float y = cloud[(unsigned long long)p.capacity + i];
+    const float z = cloud[2ull * p.capacity + i];
+    unsigned int c[3];
+    if (!voxel_coord(p, x, y, z, c)) {
+        pslot[i] = -1;
+        if (point_coords != nullptr) {
+            point_coords[3ull * i + 0] = -1;
+            point_coords[3ull * i + 1] = -1;
+            point_coords[3ull * i + 2] = -1;
+        }
+        return;
+    }
+    const unsigned long long key = linear_key(p, c);
+    unsigned int s;
+    if (p.flags & FLAG_DIRECT) {
+        s = (unsigned int)key;
+    } else {
+        const unsigned long long key1 = key + 1ull;
+        s = hash_slot(p, key);
+        while (true) {
+            const unsigned long long cur = table_keys[s];
+            if (cur == key1) break;
+            if (cur == 0ull) {
+                const unsigned long long prev = atomicCAS(&table_keys[s], 0ull, key1);
+                if (prev == 0ull || prev == key1) break;
+            }
+            s = (s + 1u) & p.hash_mask;
+        }
+    }
+    atomicMax(&table_first[s], ((unsigned long long)p.gen << 32) | (unsigned long long)(~i));
+    pslot[i] = (int)s;
+    if (point_coords != nullptr) {
+        point_coords[3ull * i + 0] = (int)c[2];
+        point_coords[3ull * i + 1] = (int)c[1];
+        point_coords[3ull * i + 2] = (int)c[0];
+    }
+}
+
+// 2. Voxel ranks in first-point order, sort keys, digit histograms, drop counters.
+extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
+vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, const unsigned long long* __restrict__ table_first,
+              unsigned int* table_vid, int* __restrict__ coords, unsigned long long* status, unsigned int* ctr,
+              unsigned int* __restrict__ keys, int* __restrict__ point_voxel, const VoxParams p) {
     __shared__ unsigned int s_tile;
-    __shared__ unsigned int s_warp[VOX_WARPS];
     __shared__ unsigned int s_prefix;
-    if (threadIdx.x == 0) s_tile = atomicAdd(&counters[CTR_TILE], 1u);
+    __shared__ unsigned int s_min_tile;
+    __shared__ unsigned int s_warp[VOX_WARPS];
+    __shared__ unsigned int s_hist[RADIX_MAX_PASSES * RADIX_BINS];
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_tile = atomicAdd(&ctr[CTR_RANK_TILE], 1u);
+    for (unsigned int w = threadIdx.x; w < p.sort_passes * RADIX_BINS; w += VOXEL_BLOCK) s_hist[w] = 0u;
     __syncthreads();
     const unsigned int tile = s_tile;
+    if (threadIdx.x == 0) s_min_tile = tile;
     const unsigned int num_tiles = (p.n + VOX_TILE - 1) / VOX_TILE;
-    const unsigned long long base = (unsigned long long)tile * VOX_TILE + (unsigned long long)threadIdx.x * VOXEL_ITEMS;
+    const unsigned int base = tile * VOX_TILE + threadIdx.x * VOXEL_ITEMS;
+    const bool direct = (p.flags & FLAG_DIRECT) != 0u;
 
-    unsigned int flags = 0u, count = 0u;
+    int slot[VOXEL_ITEMS];
+    unsigned int flags = 0u, count = 0u, oor = 0u, min_tile = tile;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
-        const unsigned long long idx = base + k;
+        const unsigned int idx = base + k;
+        slot[k] = -1;
         if (idx < p.n) {
             const int s = pslot[idx];
-            if (s >= 0 && ~table_first[s] == (unsigned int)idx) {
-                flags |= 1u << k;
-                ++count;
+            slot[k] = s;
+            if (s >= 0) {
+                const unsigned int j = ~(unsigned int)table_first[s];
+                if (j == idx) {
+                    flags |= 1u << k;
+                    ++count;
+                } else {
+                    min_tile = min(min_tile, j / VOX_TILE);
+                }
+            } else {
+                ++oor;
             }
         }
     }
     unsigned int tile_total;
-    const unsigned int thread_excl = block_scan(count, s_warp, &tile_total);
+    const unsigned int thread_excl = block_scan(count, s_warp, &tile_total); // ends with a barrier
+    if (min_tile < tile) atomicMin(&s_min_tile, min_tile);
 
-    if (threadIdx.x == 0) {
+    // Decoupled look-back by warp 0, 32 predecessors at a time.
+    if (warp == 0) {
         unsigned int excl = 0u;
-        if (tile == 0) {
-            atomicExch(&tile_status[0], (STATUS_PREFIX << 32) | tile_total);
-        } else {
-            atomicExch(&tile_status[tile], (STATUS_AGGREGATE << 32) | tile_total);
-            int j = (int)tile - 1;
+        if (tile > 0) {
+            if (lane == 0) st_store(&status[tile], st_make(p.gen, ST_AGG, tile_total));
+            int top = (int)tile - 1;
             while (true) {
-                const unsigned long long s = status_load(&tile_status[j]);
-                const unsigned long long flag = s >> 32;
-                if (flag == 0ull) continue;
-                excl += (unsigned int)(s & 0xffffffffull);
-                if (flag == STATUS_PREFIX) break;
-                --j;
+                const int j = top - (int)lane;
+                unsigned int flag = ST_PREFIX, val = 0u;
+                if (j >= 0) {
+                    const unsigned int w = st_wait(&status[j], p.gen, ST_AGG);
+                    flag = w >> 30;
+                    val = w & ST_VALUE;
+                }
+                const unsigned int pm = __ballot_sync(0xffffffffu, flag >= ST_PREFIX);
+                const unsigned int stop = pm ? (unsigned int)(__ffs(pm) - 1) : 31u;
+                excl += warp_sum(lane <= stop ? val : 0u);
+                if (pm) break;
+                top -= 32;
             }
-            atomicExch(&tile_status[tile], (STATUS_PREFIX << 32) | (excl + tile_total));
         }
-        s_prefix = excl;
-        if (tile == num_tiles - 1) counters[CTR_VOXELS] = excl + tile_total;
+        if (lane == 0) {
+            st_store(&status[tile], st_make(p.gen, ST_PREFIX, excl + tile_total));
+            s_prefix = excl;
+            if (tile == num_tiles - 1) ctr[CTR_VOXELS] = excl + tile_total;
+        }
     }
     __syncthreads();
 
-    unsigned int r = s_prefix + thread_excl;
+    // First points: rank -> vid[slot], coordinates; clear the hash key (the table stays all-zero).
+    const unsigned int first_rank = s_prefix + thread_excl;
+    unsigned int r = first_rank;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         if (flags & (1u << k)) {
-            const int s = pslot[base + k];
+            const int s = slot[k];
             table_vid[s] = r;
-            if (r < p.max_voxels) write_coord(coords, r, p, table_keys[s] - 1ull);
+            if (direct) {
+                if (r < p.max_voxels) write_coord(coords, r, p, (unsigned long long)s);
+            } else {
+                if (r < p.max_voxels) write_coord(coords, r, p, table_keys[s] - 1ull);
+                table_keys[s] = 0ull;
+            }
             ++r;
         }
     }
-}
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) st_store(&status[tile], st_make(p.gen, ST_DONE, s_prefix + tile_total));
+    // Wait until every earlier tile holding a first point of this tile's voxels is DONE.
+    const unsigned int mt = s_min_tile;
+    for (unsigned int jt = mt + threadIdx.x; jt < tile; jt += VOXEL_BLOCK) st_wait(&status[jt], p.gen, ST_DONE);
+    __threadfence();
+    __syncthreads();
 
-// Block reduce (sum) then one atomicAdd.
-__device__ __forceinline__ void block_count(unsigned int v, unsigned int* warp_buf, unsigned int* dst) {
-    unsigned int total;
-    block_scan(v, warp_buf, &total);
-    if (threadIdx.x == 0 && total != 0u) atomicAdd(dst, total);
-}
-
-// 3. Sort keys; drop counters; dynamic per-point outputs (when point_voxel != null).
-extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_point_key(const int* __restrict__ pslot, const unsigned int* __restrict__ table_vid,
-              const int* __restrict__ coords, unsigned int* __restrict__ keys, unsigned int* counters,
-              int* __restrict__ point_voxel, int* __restrict__ point_coords, const VoxParams p) {
-    __shared__ unsigned int s_warp[VOX_WARPS];
-    const unsigned int i = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
-    unsigned int oor = 0u, vcap = 0u;
-    if (i < p.n) {
-        const int s = pslot[i];
-        unsigned int key = p.key_max;
-        if (s < 0) {
-            oor = 1u;
-        } else {
-            const unsigned int r = table_vid[s];
-            if (r < p.max_voxels) key = r; else vcap = 1u;
-        }
-        keys[i] = key;
-        if (point_voxel != nullptr) {
-            point_voxel[i] = key == p.key_max ? -1 : (int)key;
+    unsigned int vcap = 0u;
+    r = first_rank;
 #pragma unroll
-            for (int a = 0; a < 3; ++a) point_coords[3ull * i + a] = key == p.key_max ? -1 : coords[3ull * key + a];
+    for (int k = 0; k < VOXEL_ITEMS; ++k) {
+        const unsigned int idx = base + k;
+        if (idx < p.n) {
+            unsigned int key = p.key_max;
+            const bool is_first = (flags >> k) & 1u;
+            if (slot[k] >= 0) {
+                const unsigned int vr = is_first ? r++ : __ldcg(&table_vid[slot[k]]);
+                if (vr < p.max_voxels) key = vr; else ++vcap;
+            }
+            keys[idx] = key | (is_first && key != p.key_max ? KEY_FIRST : 0u);
+            if (point_voxel != nullptr) point_voxel[idx] = key == p.key_max ? -1 : (int)key;
+            for (unsigned int q = 0; q < p.sort_passes; ++q) atomicAdd(&s_hist[q * RADIX_BINS + radix_digit(p, key, q)], 1u);
         }
     }
-    block_count(oor, s_warp, &counters[CTR_OUT_OF_RANGE]);
-    block_count(vcap, s_warp, &counters[CTR_VOXEL_CAP]);
-}
-
-// 4a. Per-tile digit histogram: hist[d * num_tiles + tile].
-extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_radix_hist(const unsigned int* __restrict__ keys, unsigned int* __restrict__ hist, unsigned int n,
-               unsigned int shift, unsigned int bits) {
-    __shared__ unsigned int s_hist[RADIX_BINS];
-    const unsigned int bins = 1u << bits;
-    for (unsigned int d = threadIdx.x; d < bins; d += VOXEL_BLOCK) s_hist[d] = 0u;
-    __syncthreads();
-    const unsigned long long base = (unsigned long long)blockIdx.x * VOX_TILE;
-#pragma unroll
-    for (int r = 0; r < VOXEL_ITEMS; ++r) {
-        const unsigned long long e = base + (unsigned long long)r * VOXEL_BLOCK + threadIdx.x;
-        if (e < n) atomicAdd(&s_hist[(keys[e] >> shift) & (bins - 1u)], 1u);
+    block_count(oor, s_warp, &ctr[CTR_OUT_OF_RANGE]);
+    block_count(vcap, s_warp, &ctr[CTR_VOXEL_CAP]); // barriers inside: s_hist complete below
+    for (unsigned int w = threadIdx.x; w < p.sort_passes * RADIX_BINS; w += VOXEL_BLOCK) {
+        const unsigned int c = s_hist[w];
+        if (c != 0u) atomicAdd(&ctr[CTR_HIST + w], c);
     }
-    __syncthreads();
-    for (unsigned int d = threadIdx.x; d < bins; d += VOXEL_BLOCK)
-        hist[(unsigned long long)d * gridDim.x + blockIdx.x] = s_hist[d];
 }
 
-// 4b. One block per digit: exclusive scan of its row over the tiles (in place); row total -> totals[d].
+// 3. One stable LSD radix pass. Warp w of a tile takes VOXEL_ITEMS rounds of 32 consecutive
+// elements of its own chunk (tile*TILE + w*32*ITEMS + round*32 + lane), so (warp, round, lane) is
+// input order. vals_in == null: the values are the element indices (first pass). Last pass:
+// writes the values of kept keys only (no keys) and seg_start[rank] for flagged first points.
+// status: this pass's tiles x RADIX_BINS words.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_radix_rowscan(unsigned int* __restrict__ hist, unsigned int* __restrict__ totals, unsigned int num_tiles) {
-    __shared__ unsigned int s_warp[VOX_WARPS];
-    unsigned int* row = hist + (unsigned long long)blockIdx.x * num_tiles;
-    unsigned int carry = 0u;
-    for (unsigned int b = 0; b < num_tiles; b += VOXEL_BLOCK) {
-        const unsigned int t = b + threadIdx.x;
-        const unsigned int v = t < num_tiles ? row[t] : 0u;
-        unsigned int total;
-        const unsigned int ex = block_scan(v, s_warp, &total);
-        if (t < num_tiles) row[t] = carry + ex;
-        carry += total;
-    }
-    if (threadIdx.x == 0) totals[blockIdx.x] = carry;
-}
-
-// 4c. Stable scatter. Elements of a tile are taken in rounds of VOXEL_BLOCK consecutive elements
-// (round r, thread t -> element tile*TILE + r*BLOCK + t), so (round, warp, lane) is input order.
-// vals_in == null: the values are the element indices (first pass).
-extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_radix_scatter(const unsigned int* __restrict__ keys_in, const unsigned int* __restrict__ vals_in,
-                  unsigned int* __restrict__ keys_out, unsigned int* __restrict__ vals_out,
-                  const unsigned int* __restrict__ hist, const unsigned int* __restrict__ totals, unsigned int n,
-                  unsigned int shift, unsigned int bits) {
+vox_sort_pass(const unsigned int* __restrict__ keys_in, const unsigned int* __restrict__ vals_in,
+              unsigned int* __restrict__ keys_out, unsigned int* __restrict__ vals_out, unsigned long long* status,
+              unsigned int* ctr, unsigned int* __restrict__ seg_start, const VoxParams p, unsigned int pass) {
+    __shared__ unsigned int s_tile;
+    __shared__ unsigned int s_cnt[VOX_WARPS][RADIX_BINS];
     __shared__ unsigned int s_base[RADIX_BINS];
-    __shared__ unsigned int s_warp[VOX_WARPS][RADIX_BINS];
+    __shared__ unsigned int s_warp[VOX_WARPS];
+    const unsigned int shift = pass * p.sort_bits;
+    const unsigned int bits = min(p.sort_bits, p.sort_total - shift);
     const unsigned int bins = 1u << bits;
+    const unsigned int mask = bins - 1u;
+    const bool last = pass + 1u == p.sort_passes;
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) s_tile = atomicAdd(&ctr[CTR_SORT_TILE + pass], 1u);
+    for (unsigned int j = threadIdx.x; j < VOX_WARPS * RADIX_BINS; j += VOXEL_BLOCK) (&s_cnt[0][0])[j] = 0u;
+    // Global exclusive digit offsets of this pass.
+    const unsigned int* hist = ctr + CTR_HIST + pass * RADIX_BINS;
+    unsigned int carry = 0u;
+    for (unsigned int b = 0; b < bins; b += VOXEL_BLOCK) {
+        const unsigned int d = b + threadIdx.x;
+        const unsigned int v = d < bins ? hist[d] : 0u;
+        unsigned int total;
+        const unsigned int ex = block_scan(v, s_warp, &total); // barriers inside
+        if (d < bins) s_base[d] = carry + ex;
+        carry += total;
+    }
+    __syncthreads();
+    const unsigned int tile = s_tile;
+    const unsigned long long chunk = (unsigned long long)tile * VOX_TILE + (unsigned long long)warp * (32u * VOXEL_ITEMS);
+    const unsigned int lt_mask = (1u << lane) - 1u;
+    unsigned int key[VOXEL_ITEMS], val[VOXEL_ITEMS], rk[VOXEL_ITEMS];
+#pragma unroll
+    for (int k = 0; k < VOXEL_ITEMS; ++k) {
+        const unsigned long long e = chunk + (unsigned long long)k * 32u + lane;
+        const bool valid = e < p.n;
+        key[k] = valid ? keys_in[e] : 0u;
+        val[k] = valid ? (vals_in != nullptr ? vals_in[e] : (unsigned int)e) : 0u;
+        const unsigned int d = valid ? (key[k] >> shift) & mask : 0xffffffffu;
+        const unsigned int peers = __match_any_sync(0xffffffffu, d);
+        const unsigned int leader = (unsigned int)(__ffs(peers) - 1);
+        unsigned int old = 0u;
+        if (valid && lane == leader) {
+            old = s_cnt[warp][d];
+            s_cnt[warp][d] = old + __popc(peers);
+        }
+        rk[k] = __shfl_sync(0xffffffffu, old, leader) + __popc(peers & lt_mask);
+        __syncwarp();
+    }
+    __syncthreads();
+    // Per digit: exclusive over the warps, the tile's count; publish, then look back.
+    for (unsigned int d = threadIdx.x; d < bins; d += VOXEL_BLOCK) {
         unsigned int acc = 0u;
-        for (unsigned int d = 0; d < bins; ++d) {
-            s_base[d] = acc;
-            acc += totals[d];
+        for (int w = 0; w < VOX_WARPS; ++w) {
+            const unsigned int c = s_cnt[w][d];
+            s_cnt[w][d] = acc;
+            acc += c;
+        }
+        st_store(&status[(unsigned long long)tile * RADIX_BINS + d], st_make(p.gen, tile == 0 ? ST_PREFIX : ST_AGG, acc));
+    }
+    if (tile > 0) {
+        for (unsigned int d = threadIdx.x; d < bins; d += VOXEL_BLOCK) {
+            unsigned int excl = 0u;
+            for (int j = (int)tile - 1;; --j) {
+                const unsigned int w = st_wait(&status[(unsigned long long)j * RADIX_BINS + d], p.gen, ST_AGG);
+                excl += w & ST_VALUE;
+                if ((w >> 30) >= ST_PREFIX) break;
+            }
+            unsigned long long* mine = &status[(unsigned long long)tile * RADIX_BINS + d];
+            const unsigned int own = (unsigned int)*(volatile unsigned long long*)mine & ST_VALUE;
+            st_store(mine, st_make(p.gen, ST_PREFIX, excl + own));
+            s_base[d] += excl;
         }
     }
     __syncthreads();
-    for (unsigned int d = threadIdx.x; d < bins; d += VOXEL_BLOCK)
-        s_base[d] += hist[(unsigned long long)d * gridDim.x + blockIdx.x];
-    const unsigned int lt_mask = (1u << lane) - 1u;
-    const unsigned long long base = (unsigned long long)blockIdx.x * VOX_TILE;
-    for (int r = 0; r < VOXEL_ITEMS; ++r) {
-        for (unsigned int j = threadIdx.x; j < VOX_WARPS * bins; j += VOXEL_BLOCK) s_warp[j / bins][j % bins] = 0u;
-        __syncthreads();
-        const unsigned long long e = base + (unsigned long long)r * VOXEL_BLOCK + threadIdx.x;
-        const bool valid = e < n;
-        unsigned int key = 0u, val = 0u, d = 0xffffffffu;
-        if (valid) {
-            key = keys_in[e];
-            val = vals_in ? vals_in[e] : (unsigned int)e;
-            d = (key >> shift) & (bins - 1u);
-        }
-        const unsigned int peers = __match_any_sync(0xffffffffu, d);
-        const unsigned int rank = __popc(peers & lt_mask);
-        if (valid && rank == 0u) s_warp[warp][d] = __popc(peers);
-        __syncthreads();
-        for (unsigned int dd = threadIdx.x; dd < bins; dd += VOXEL_BLOCK) {
-            unsigned int acc = s_base[dd];
-            for (int w = 0; w < VOX_WARPS; ++w) {
-                const unsigned int c = s_warp[w][dd];
-                s_warp[w][dd] = acc;
-                acc += c;
+#pragma unroll
+    for (int k = 0; k < VOXEL_ITEMS; ++k) {
+        const unsigned long long e = chunk + (unsigned long long)k * 32u + lane;
+        if (e < p.n) {
+            const unsigned int d = (key[k] >> shift) & mask;
+            const unsigned int pos = s_base[d] + s_cnt[warp][d] + rk[k];
+            if (!last) {
+                keys_out[pos] = key[k];
+                vals_out[pos] = val[k];
+            } else {
+                const unsigned int kk = key[k] & KEY_MASK;
+                if (kk != p.key_max) {
+                    vals_out[pos] = val[k];
+                    if (key[k] & KEY_FIRST) seg_start[kk] = pos;
+                }
             }
-            s_base[dd] = acc;
         }
-        __syncthreads();
-        if (valid) {
-            const unsigned int pos = s_warp[warp][d] + rank;
-            keys_out[pos] = key;
-            vals_out[pos] = val;
-        }
-        __syncthreads();
     }
-}
-
-// 5. Segment bounds of every voxel with a kept key in the sorted keys.
-extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
-vox_segments(const unsigned int* __restrict__ keys, unsigned int* __restrict__ seg_start,
-             unsigned int* __restrict__ seg_end, const VoxParams p) {
-    const unsigned int s = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
-    if (s >= p.n) return;
-    const unsigned int k = keys[s];
-    if (k == p.key_max) return;
-    if (s == 0 || keys[s - 1] != k) seg_start[k] = s;
-    if (s + 1 == p.n || keys[s + 1] != k) seg_end[k] = s + 1;
 }
 
 __device__ __forceinline__ unsigned int kept_voxels(const unsigned int* counters, const VoxParams& p) {
@@ -397,86 +505,142 @@ __device__ __forceinline__ unsigned int kept_voxels(const unsigned int* counters
     return v < p.max_voxels ? v : p.max_voxels;
 }
 
-// 6. Hard voxels: one thread per (voxel, slot) of the kept voxels (grid-stride).
+// Points sorted into kept voxels (the end of the last segment).
+__device__ __forceinline__ unsigned int kept_sorted(const unsigned int* counters, const VoxParams& p) {
+    return p.n - counters[CTR_OUT_OF_RANGE] - counters[CTR_VOXEL_CAP];
+}
+
+// 4. Hard voxels: one thread per (voxel, slot) of the kept voxels (grid-stride, warp-uniform loop).
+// P <= 32: voxel v owns the G = next_pow2(P) lanes v*G..v*G+G-1 (G divides 32, so a group never
+// straddles warps) and the pillar means are f32 sums over shuffles in slot order.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_hard_fill(const float* __restrict__ cloud, const unsigned int* __restrict__ vals,
-              const unsigned int* __restrict__ seg_start, const unsigned int* __restrict__ seg_end,
-              const int* __restrict__ coords, unsigned int* counters, unsigned int* __restrict__ num_points,
-              float* __restrict__ features, float* __restrict__ pillar, const VoxParams p) {
+              const unsigned int* __restrict__ seg_start, const int* __restrict__ coords, unsigned int* counters,
+              unsigned int* __restrict__ num_points, float* __restrict__ features, float* __restrict__ pillar,
+              const VoxParams p) {
     const unsigned int P = p.max_points;
-    const unsigned long long total = (unsigned long long)kept_voxels(counters, p) * P;
+    const unsigned int V = kept_voxels(counters, p);
+    const unsigned int K = kept_sorted(counters, p);
     const unsigned int C = p.num_ch;
     const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u;
-    for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total;
-         t += (unsigned long long)gridDim.x * VOXEL_BLOCK) {
-        const unsigned int v = (unsigned int)(t / P);
-        const unsigned int s = (unsigned int)(t - (unsigned long long)v * P);
-        const unsigned int start = seg_start[v];
-        const unsigned int cnt = seg_end[v] - start;
-        const unsigned int np = cnt < P ? cnt : P;
-        if (s == 0) {
-            num_points[v] = np;
-            if (cnt > np) atomicAdd(&counters[CTR_POINT_CAP], cnt - np);
+    unsigned int G = 0u, gshift = 0u;
+    if (P <= 32u) {
+        G = 1u;
+        while (G < P) {
+            G <<= 1;
+            ++gshift;
         }
-        if (p.flags & FLAG_RAW) {
-            float* dst = features + t * C;
-            if (s < np) {
-                const unsigned int i = vals[start + s];
+    }
+    const unsigned long long total = G ? ((unsigned long long)V << gshift) : (unsigned long long)V * P;
+    const unsigned long long total_w = (total + 31ull) & ~31ull;
+    const float* X = col(cloud, p, 0);
+    const float* Y = col(cloud, p, 1);
+    const float* Z = col(cloud, p, 2);
+    unsigned int pcap = 0u;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total_w;
+         t += (unsigned long long)gridDim.x * VOXEL_BLOCK) {
+        const bool active = t < total;
+        unsigned int v = 0u, s = 0u;
+        if (G) {
+            v = (unsigned int)(t >> gshift);
+            s = (unsigned int)t & (G - 1u);
+        } else {
+            v = (unsigned int)(t / P);
+            s = (unsigned int)(t - (unsigned long long)v * P);
+        }
+        const bool slot_ok = active && s < P;
+        unsigned int start = 0u, cnt = 0u, np = 0u;
+        if (active) {
+            start = seg_start[v];
+            const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
+            cnt = end - start;
+            np = cnt < P ? cnt : P;
+        }
+        if (slot_ok && s == 0u) {
+            num_points[v] = np;
+            pcap += cnt - np;
+        }
+        const bool has = slot_ok && s < np;
+        const unsigned int i = has ? vals[start + s] : 0u;
+        const unsigned long long row = (unsigned long long)v * P + s;
+        if ((p.flags & FLAG_RAW) && slot_ok) {
+            float* dst = features + row * C;
+            if (has) {
                 for (unsigned int k = 0; k < C; ++k) dst[k] = col(cloud, p, k)[i];
             } else {
                 for (unsigned int k = 0; k < C; ++k) dst[k] = 0.0f;
             }
         }
         if (p.flags & FLAG_PILLAR) {
-            float* dst = pillar + t * oc;
-            if (s < np) {
-                const float* X = col(cloud, p, 0);
-                const float* Y = col(cloud, p, 1);
-                const float* Z = col(cloud, p, 2);
-                const float* I = col(cloud, p, 3);
-                float sx = 0.0f, sy = 0.0f, sz = 0.0f;
+            float x = 0.0f, y = 0.0f, z = 0.0f;
+            if (has) {
+                x = X[i];
+                y = Y[i];
+                z = Z[i];
+            }
+            float sx = 0.0f, sy = 0.0f, sz = 0.0f;
+            if (G) {
+                const unsigned int wmax = warp_max(np);
+                for (unsigned int j = 0; j < wmax; ++j) {
+                    const float ax = __shfl_sync(0xffffffffu, x, (int)j, (int)G);
+                    const float ay = __shfl_sync(0xffffffffu, y, (int)j, (int)G);
+                    const float az = __shfl_sync(0xffffffffu, z, (int)j, (int)G);
+                    if (j < np) {
+                        sx = __fadd_rn(sx, ax);
+                        sy = __fadd_rn(sy, ay);
+                        sz = __fadd_rn(sz, az);
+                    }
+                }
+            } else if (has) {
                 for (unsigned int j = 0; j < np; ++j) {
                     const unsigned int q = vals[start + j];
                     sx = __fadd_rn(sx, X[q]);
                     sy = __fadd_rn(sy, Y[q]);
                     sz = __fadd_rn(sz, Z[q]);
                 }
-                const float nf = (float)np;
-                const unsigned int i = vals[start + s];
-                const float x = X[i], y = Y[i], z = Z[i];
-                const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
-                const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
-                const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
-                dst[0] = x;
-                dst[1] = y;
-                dst[2] = z;
-                dst[3] = I[i];
-                dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
-                dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
-                dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
-                dst[7] = __fsub_rn(x, ox);
-                dst[8] = __fsub_rn(y, oy);
-                if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
-            } else {
-                for (unsigned int k = 0; k < oc; ++k) dst[k] = 0.0f;
+            }
+            if (slot_ok) {
+                float* dst = pillar + row * oc;
+                if (has) {
+                    const float nf = (float)np;
+                    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
+                    const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
+                    const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
+                    dst[0] = x;
+                    dst[1] = y;
+                    dst[2] = z;
+                    dst[3] = col(cloud, p, 3)[i];
+                    dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
+                    dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
+                    dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
+                    dst[7] = __fsub_rn(x, ox);
+                    dst[8] = __fsub_rn(y, oy);
+                    if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
+                } else {
+                    for (unsigned int k = 0; k < oc; ++k) dst[k] = 0.0f;
+                }
             }
         }
     }
+    pcap = warp_sum(pcap);
+    if ((threadIdx.x & 31u) == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
 }
 
 // Dynamic voxels: one thread per (voxel, channel): f64 sum in input order, / count, -> f32.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_dyn_means(const float* __restrict__ cloud, const unsigned int* __restrict__ vals,
-              const unsigned int* __restrict__ seg_start, const unsigned int* __restrict__ seg_end,
-              const unsigned int* counters, unsigned int* __restrict__ num_points, float* __restrict__ means,
-              const VoxParams p) {
+              const unsigned int* __restrict__ seg_start, const unsigned int* counters,
+              unsigned int* __restrict__ num_points, float* __restrict__ means, const VoxParams p) {
     const unsigned int C = p.num_ch;
-    const unsigned long long total = (unsigned long long)kept_voxels(counters, p) * C;
+    const unsigned int V = kept_voxels(counters, p);
+    const unsigned int K = kept_sorted(counters, p);
+    const unsigned long long total = (unsigned long long)V * C;
     for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total;
          t += (unsigned long long)gridDim.x * VOXEL_BLOCK) {
         const unsigned int v = (unsigned int)(t / C);
         const unsigned int k = (unsigned int)(t - (unsigned long long)v * C);
-        const unsigned int start = seg_start[v], end = seg_end[v];
+        const unsigned int start = seg_start[v];
+        const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
         const float* X = col(cloud, p, k);
         double sum = 0.0;
         for (unsigned int j = start; j < end; ++j) sum = __dadd_rn(sum, (double)X[vals[j]]);

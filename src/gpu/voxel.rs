@@ -3,17 +3,27 @@
 //! [`crate::ops::voxel`] exactly (integer outputs bit-identical; hard features and pillar features
 //! bit-identical; dynamic means computed in the reference's order, hence identical too).
 //!
-//! Algorithm (no serial pass, no host synchronization between kernels):
+//! Algorithm (no serial pass, no memset, no host synchronization; 4 launches for W1 pillars):
 //! 1. one thread per point computes the voxel coordinate with the reference's f32 arithmetic and
-//!    inserts the linear voxel index into an open-addressing hash table (size from the profile's
-//!    `hash_load_factor`), taking `atomicMin` of the point index (the voxel's first point);
+//!    takes a table slot: the cell itself on small grids (direct-mapped table, `DIRECT_MAX_CELLS`),
+//!    else an open-addressing hash slot (size from the profile's `hash_load_factor`); `atomicMax`
+//!    of `gen << 32 | !index` keeps the voxel's first point, tagged with the call's generation so
+//!    the table never needs clearing;
 //! 2. a single-pass decoupled look-back scan over the "first point of its voxel" flags, in input
 //!    order, gives every voxel its rank = output index (voxels past `max_voxels` dropped, counted);
-//! 3. a stable LSD radix sort of the points by voxel rank (values: point indices in input order)
-//!    makes every voxel a contiguous segment in input order: a point's slot is its offset in the
-//!    segment (exact input-order rank); slots `>= P` are dropped and counted;
+//!    the same kernel turns every point into its sort key (the rank of its voxel, read once the
+//!    tile of the voxel's first point has published it) and builds the radix histograms;
+//! 3. a stable LSD radix sort of the points by voxel rank (one launch per 8-bit digit, per-digit
+//!    decoupled look-back; values: point indices in input order) makes every voxel a contiguous
+//!    segment in input order: a point's slot is its offset in the segment (exact input-order
+//!    rank); the last pass also writes each segment's start;
 //! 4. one thread per (voxel, slot) writes the output (raw channels and/or fused pillar features);
 //!    dynamic means: one thread per (voxel, channel) sums the segment in f64 in input order.
+//!
+//! The scratch and output buffers are raw device allocations ([`DevBuf`]) passed to the kernels as
+//! plain pointers: cudarc's per-argument event tracking (a stream wait and an event record per
+//! slice argument and launch) would cost more host time than the kernels take on a 100k-point scan.
+//! Everything runs on the context's one stream, so stream order is the only synchronization needed.
 //!
 //! Results stay on the device in the [`GpuVoxelizer`]'s buffers (for chaining) until the next call;
 //! the `*_host` functions copy them back into the reference's output structs.
@@ -25,22 +35,35 @@ use super::GpuError;
 use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
 use crate::ops::voxel::{DynamicVoxels, Downsampled, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
 use crate::ops::Validate;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{result as drv, sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
 /// Output channels at most (x, y, z + 13 others); `VOX_MAX_CHANNELS` in cuda/voxel.cu.
 pub const MAX_CHANNELS: usize = 16;
 
+/// Largest cloud (status words carry 30-bit counts; sort keys use bit 31 as a flag).
+pub const MAX_POINTS: usize = (1 << 30) - 1;
+
+/// Grids with at most this many cells use the direct-mapped table (one slot per cell, 20 bytes a
+/// cell with the rank: 80 MiB at most); larger grids hash.
+pub const DIRECT_MAX_CELLS: u64 = 1 << 22;
+
 const CTR_VOXELS: usize = 1;
 const CTR_OUT_OF_RANGE: usize = 2;
 const CTR_VOXEL_CAP: usize = 3;
 const CTR_POINT_CAP: usize = 4;
-const CTR_WORDS: usize = 8;
+const CTR_WORDS: usize = 16;
+const RADIX_BINS: usize = 256;
+const RADIX_MAX_PASSES: usize = 4;
+/// Counters + global digit histograms (`CTR_TOTAL` in cuda/voxel.cu).
+const CTR_TOTAL: usize = CTR_WORDS + RADIX_MAX_PASSES * RADIX_BINS;
 
 const FLAG_RAW: u32 = 1;
 const FLAG_PILLAR: u32 = 2;
 const FLAG_RANGE: u32 = 4;
+const FLAG_DIRECT: u32 = 8;
 
 /// Kernel parameters; must match `struct VoxParams` in cuda/voxel.cu.
 #[repr(C)]
@@ -59,6 +82,10 @@ pub(crate) struct VoxParams {
     hash_mask: u32,
     hash_shift: u32,
     flags: u32,
+    gen: u32,
+    sort_passes: u32,
+    sort_bits: u32,
+    sort_total: u32,
     pad_: u32,
     ch: [u32; MAX_CHANNELS],
 }
@@ -79,7 +106,8 @@ pub(crate) fn hash_size(distinct: usize, load_factor: f64) -> usize {
     want.next_power_of_two().max(64)
 }
 
-/// LSD radix passes (shift, bits) covering keys `0..=key_max`, at most 8 bits each, fewest passes.
+/// LSD radix passes (shift, bits) covering keys `0..=key_max`, at most 8 bits each, fewest passes
+/// (equal widths, the last one possibly narrower: pass `q` shifts by `q * plan[0].1`).
 pub(crate) fn radix_plan(key_max: u32) -> Vec<(u32, u32)> {
     let total = (32 - key_max.leading_zeros()).max(1);
     let passes = total.div_ceil(8);
@@ -88,6 +116,8 @@ pub(crate) fn radix_plan(key_max: u32) -> Vec<(u32, u32)> {
 }
 
 /// Builds the kernel parameters (validated inputs). `max_voxels = None`: dynamic (no cap).
+/// Returns the params (generation 0: set per call) and the table size in slots (cells when
+/// direct-mapped, `FLAG_DIRECT` set; else the hash table size).
 pub(crate) fn make_params(
     grid: &VoxelGrid,
     n: usize,
@@ -101,6 +131,7 @@ pub(crate) fn make_params(
     let cells = dim.iter().map(|&d| d as u64).product::<u64>();
     let distinct = (n as u64).min(cells) as usize;
     let key_max = (distinct as u64).min(max_voxels.unwrap_or(u32::MAX) as u64) as u32;
+    let direct = cells <= DIRECT_MAX_CELLS;
     let h = hash_size(distinct, load_factor);
     let mut ch = [0u32; MAX_CHANNELS];
     ch[0] = 0;
@@ -109,6 +140,7 @@ pub(crate) fn make_params(
     for (k, &c) in channels.iter().enumerate() {
         ch[3 + k] = c as u32;
     }
+    let plan = radix_plan(key_max);
     let p = VoxParams {
         min: [grid.point_cloud_range[0], grid.point_cloud_range[1], grid.point_cloud_range[2]],
         size: grid.voxel_size,
@@ -122,11 +154,15 @@ pub(crate) fn make_params(
         key_max,
         hash_mask: (h - 1) as u32,
         hash_shift: 64 - h.trailing_zeros(),
-        flags: 0,
+        flags: if direct { FLAG_DIRECT } else { 0 },
+        gen: 0,
+        sort_passes: plan.len() as u32,
+        sort_bits: plan[0].1,
+        sort_total: plan.iter().map(|q| q.1).sum(),
         pad_: 0,
         ch,
     };
-    (p, h)
+    (p, if direct { cells as usize } else { h })
 }
 
 /// What the last enqueued operation left in the voxelizer's buffers.
@@ -141,40 +177,40 @@ pub enum LastOp {
 pub struct GpuVoxelizer {
     f_insert: CudaFunction,
     f_rank: CudaFunction,
-    f_point_key: CudaFunction,
-    f_hist: CudaFunction,
-    f_rowscan: CudaFunction,
-    f_scatter: CudaFunction,
-    f_segments: CudaFunction,
+    f_sort: CudaFunction,
     f_fill: CudaFunction,
     f_means: CudaFunction,
     f_pillar: CudaFunction,
-    table_keys: Grow<u64>,
-    table_first: Grow<u32>,
-    table_vid: Grow<u32>,
-    pslot: Grow<i32>,
-    tile_status: Grow<u64>,
-    counters: Grow<u32>,
-    keys: [Grow<u32>; 2],
-    vals: [Grow<u32>; 2],
-    hist: Grow<u32>,
-    totals: Grow<u32>,
-    seg_start: Grow<u32>,
-    seg_end: Grow<u32>,
+    /// Hash keys + 1 (0 = empty); all-zero between calls (the first point of each voxel clears its key).
+    table_keys: DevBuf<u64>,
+    /// `gen << 32 | !first point` per slot (generation-tagged: never cleared).
+    table_first: DevBuf<u64>,
+    table_vid: DevBuf<u32>,
+    pslot: DevBuf<i32>,
+    rank_status: DevBuf<u64>,
+    sort_status: DevBuf<u64>,
+    counters: DevBuf<u32>,
+    keys: [DevBuf<u32>; 2],
+    vals: [DevBuf<u32>; 2],
+    seg_start: DevBuf<u32>,
     /// `[V, 3]` voxel coordinates `[z, y, x]`.
-    pub coords: Grow<i32>,
+    pub coords: DevBuf<i32>,
     /// `[V]` points per voxel.
-    pub num_points: Grow<u32>,
+    pub num_points: DevBuf<u32>,
     /// Hard: `[V, P, C]` features; dynamic: `[V, C]` means.
-    pub features: Grow<f32>,
+    pub features: DevBuf<f32>,
     /// `[V, P, 9 or 10]` pillar features.
-    pub pillar: Grow<f32>,
+    pub pillar: DevBuf<f32>,
     /// Dynamic: `[N]` voxel of each point; `[N, 3]` coordinates.
-    pub point_voxel: Grow<i32>,
-    pub point_coords: Grow<i32>,
+    pub point_voxel: DevBuf<i32>,
+    pub point_coords: DevBuf<i32>,
     last: LastOp,
     last_params: VoxParams,
     sorted_slot: usize,
+    /// Generation of the last call (tags `table_first` and the status words).
+    gen: u32,
+    /// False while a hash-mode call that dirties `table_keys` may not have been fully enqueued.
+    keys_clean: bool,
 }
 
 fn cfg(blocks: usize, block: u32) -> LaunchConfig {
@@ -184,39 +220,38 @@ fn cfg(blocks: usize, block: u32) -> LaunchConfig {
 impl GpuVoxelizer {
     pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
         let s = &ctx.stream;
+        let pools = ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0;
         let f = |n: &str| ctx.function("voxel", n);
+        let mut counters: DevBuf<u32> = DevBuf::new(s, pools);
+        counters.ensure(CTR_TOTAL)?;
         Ok(Self {
-            f_insert: f("vox_hash_insert")?,
-            f_rank: f("vox_rank")?,
-            f_point_key: f("vox_point_key")?,
-            f_hist: f("vox_radix_hist")?,
-            f_rowscan: f("vox_radix_rowscan")?,
-            f_scatter: f("vox_radix_scatter")?,
-            f_segments: f("vox_segments")?,
+            f_insert: f("vox_insert")?,
+            f_rank: f("vox_rank_keys")?,
+            f_sort: f("vox_sort_pass")?,
             f_fill: f("vox_hard_fill")?,
             f_means: f("vox_dyn_means")?,
             f_pillar: f("vox_pillar")?,
-            table_keys: Grow::new(s, 0)?,
-            table_first: Grow::new(s, 0)?,
-            table_vid: Grow::new(s, 0)?,
-            pslot: Grow::new(s, 0)?,
-            tile_status: Grow::new(s, 0)?,
-            counters: Grow::new(s, CTR_WORDS)?,
-            keys: [Grow::new(s, 0)?, Grow::new(s, 0)?],
-            vals: [Grow::new(s, 0)?, Grow::new(s, 0)?],
-            hist: Grow::new(s, 0)?,
-            totals: Grow::new(s, 256)?,
-            seg_start: Grow::new(s, 0)?,
-            seg_end: Grow::new(s, 0)?,
-            coords: Grow::new(s, 0)?,
-            num_points: Grow::new(s, 0)?,
-            features: Grow::new(s, 0)?,
-            pillar: Grow::new(s, 0)?,
-            point_voxel: Grow::new(s, 0)?,
-            point_coords: Grow::new(s, 0)?,
+            table_keys: DevBuf::new(s, pools),
+            table_first: DevBuf::new(s, pools),
+            table_vid: DevBuf::new(s, pools),
+            pslot: DevBuf::new(s, pools),
+            rank_status: DevBuf::new(s, pools),
+            sort_status: DevBuf::new(s, pools),
+            counters,
+            keys: [DevBuf::new(s, pools), DevBuf::new(s, pools)],
+            vals: [DevBuf::new(s, pools), DevBuf::new(s, pools)],
+            seg_start: DevBuf::new(s, pools),
+            coords: DevBuf::new(s, pools),
+            num_points: DevBuf::new(s, pools),
+            features: DevBuf::new(s, pools),
+            pillar: DevBuf::new(s, pools),
+            point_voxel: DevBuf::new(s, pools),
+            point_coords: DevBuf::new(s, pools),
             last: LastOp::None,
             last_params: VoxParams::default(),
             sorted_slot: 0,
+            gen: 0,
+            keys_clean: true,
         })
     }
 
@@ -231,22 +266,37 @@ impl GpuVoxelizer {
         if let Some(&c) = channels.iter().find(|&&c| c >= cloud.num_channels()) {
             return Err(GpuError::Unsupported(format!("channel index {c} of a cloud with {} channels", cloud.num_channels())));
         }
-        if cloud.capacity > u32::MAX as usize || cloud.len >= (u32::MAX - (1 << 20)) as usize {
-            return Err(GpuError::Unsupported("cloud too large for 32-bit point indices".into()));
+        if cloud.capacity > u32::MAX as usize || cloud.len > MAX_POINTS {
+            return Err(GpuError::Unsupported(format!("cloud too large: at most {MAX_POINTS} points (30-bit counts)")));
         }
         Ok(())
     }
 
-    /// Steps 1-5 (keys, hash, ranks, sort, segments). Returns the params.
+    /// The next call's generation; on wrap-around the generation-tagged buffers are cleared.
+    fn next_gen(&mut self) -> Result<u32, GpuError> {
+        if self.gen == u32::MAX {
+            self.table_first.zero_all()?;
+            self.rank_status.zero_all()?;
+            self.sort_status.zero_all()?;
+            self.gen = 0;
+        }
+        self.gen += 1;
+        Ok(self.gen)
+    }
+
+    /// Steps 1-3 (table, ranks + keys, sort with segment starts). Returns the params.
+    #[allow(clippy::too_many_arguments)]
     fn enqueue_core(
         &mut self,
         ctx: &GpuContext,
         cloud: &DeviceCloud,
+        cloud_ptr: u64,
         channels: &[usize],
         grid: &VoxelGrid,
         max_voxels: Option<u32>,
         max_points: u32,
         point_outputs: bool,
+        mut timer: Option<&mut StageTimer>,
     ) -> Result<VoxParams, GpuError> {
         grid.validate().map_err(|e| GpuError::Unsupported(e.to_string()))?;
         Self::check_channels(cloud, channels)?;
@@ -254,102 +304,83 @@ impl GpuVoxelizer {
         let n = cloud.len;
         let block = ctx.profile.block_size.voxel;
         let tile = block as usize * ctx.profile.items_per_thread.voxel as usize;
-        let (p, h) = make_params(grid, n, cloud.capacity, channels, max_voxels, max_points, ctx.profile.hash_load_factor);
+        let (mut p, slots) = make_params(grid, n, cloud.capacity, channels, max_voxels, max_points, ctx.profile.hash_load_factor);
         let km = p.key_max as usize;
-        let counters = self.counters.ensure(s, CTR_WORDS)?;
-        s.memset_zeros(&mut counters.slice_mut(..CTR_WORDS))?;
+        let ctr = self.counters.ensure(CTR_TOTAL)?;
         if n == 0 {
+            self.counters.zero_all()?;
             return Ok(p);
         }
+        p.gen = self.next_gen()?;
+        let direct = p.flags & FLAG_DIRECT != 0;
         let tiles = n.div_ceil(tile);
         let blocks = n.div_ceil(block as usize);
-        let keys_t = self.table_keys.ensure(s, h)?;
-        s.memset_zeros(&mut keys_t.slice_mut(..h))?;
-        let first_t = self.table_first.ensure(s, h)?;
-        s.memset_zeros(&mut first_t.slice_mut(..h))?;
-        let vid_t = self.table_vid.ensure(s, h)?;
-        let pslot = self.pslot.ensure(s, n)?;
-        let status = self.tile_status.ensure(s, tiles)?;
-        s.memset_zeros(&mut status.slice_mut(..tiles))?;
-        let coords = self.coords.ensure(s, 3 * km.max(1))?;
-        let null: u64 = 0;
+        let passes = p.sort_passes as usize;
+        let first = self.table_first.ensure(slots)?;
+        let vid = self.table_vid.ensure(slots)?;
+        let tkeys = if direct {
+            0
+        } else {
+            let k = self.table_keys.ensure(slots)?;
+            if !self.keys_clean {
+                self.table_keys.zero_all()?;
+            }
+            k
+        };
+        let pslot = self.pslot.ensure(n)?;
+        let rstat = self.rank_status.ensure(tiles)?;
+        let sstat = self.sort_status.ensure(passes * tiles * RADIX_BINS)?;
+        let coords = self.coords.ensure(3 * km.max(1))?;
+        let ka = self.keys[0].ensure(n)?;
+        let kb = self.keys[1].ensure(n)?;
+        let va = self.vals[0].ensure(n)?;
+        let vb = self.vals[1].ensure(n)?;
+        let seg = self.seg_start.ensure(km.max(1))?;
+        let (pv, pc) = if point_outputs { (self.point_voxel.ensure(n)?, self.point_coords.ensure(3 * n)?) } else { (0, 0) };
+        let mut mark = |name: &str| -> Result<(), GpuError> {
+            if let Some(t) = timer.as_deref_mut() {
+                t.stage(name)?;
+            }
+            Ok(())
+        };
 
+        if !direct {
+            self.keys_clean = false;
+        }
         {
             let mut l = s.launch_builder(&self.f_insert);
-            l.arg(cloud.slice()).arg(&mut *keys_t).arg(&mut *first_t).arg(&mut *pslot).arg(&p);
-            // SAFETY: argument order/types match vox_hash_insert; table has h entries, pslot n.
+            l.arg(&cloud_ptr).arg(&tkeys).arg(&first).arg(&pslot).arg(&ctr).arg(&pc).arg(&p);
+            // SAFETY: matches vox_insert; tables hold `slots` entries, pslot n, counters CTR_TOTAL,
+            // point_coords 3n or null.
             unsafe { l.launch(cfg(blocks, block)) }?;
         }
+        mark("insert")?;
         {
             let mut l = s.launch_builder(&self.f_rank);
-            l.arg(&*pslot).arg(&*keys_t).arg(&*first_t).arg(&mut *vid_t).arg(&mut *coords).arg(&mut *status).arg(&mut *counters).arg(&p);
-            // SAFETY: matches vox_rank; coords holds 3 * key_max ints (ranks written only below min(max_voxels, distinct) <= key_max).
+            l.arg(&pslot).arg(&tkeys).arg(&first).arg(&vid).arg(&coords).arg(&rstat).arg(&ctr).arg(&ka).arg(&pv).arg(&p);
+            // SAFETY: matches vox_rank_keys; coords holds 3 * key_max ints (ranks written only below
+            // min(max_voxels, distinct) <= key_max); status `tiles` words; keys n; point_voxel n or null.
             unsafe { l.launch(cfg(tiles, block)) }?;
         }
-        let [ka, kb] = &mut self.keys;
-        let [va, vb] = &mut self.vals;
-        let ka = ka.ensure(s, n)?;
-        let kb = kb.ensure(s, n)?;
-        let va = va.ensure(s, n)?;
-        let vb = vb.ensure(s, n)?;
-        {
-            let mut l = s.launch_builder(&self.f_point_key);
-            l.arg(&*pslot).arg(&*vid_t).arg(&*coords).arg(&mut *ka).arg(&mut *counters);
-            let (pv, pc);
-            if point_outputs {
-                pv = self.point_voxel.ensure(s, n)?;
-                pc = self.point_coords.ensure(s, 3 * n)?;
-                l.arg(&mut *pv).arg(&mut *pc);
-            } else {
-                l.arg(&null).arg(&null);
-            }
-            l.arg(&p);
-            // SAFETY: matches vox_point_key; keys n, point outputs n and 3n or null.
-            unsafe { l.launch(cfg(blocks, block)) }?;
+        if !direct {
+            self.keys_clean = true; // the rank kernel clears every key the insert kernel set
         }
-        // Radix sort: keys ka -> ..., values identity first.
-        let plan = radix_plan(p.key_max);
-        let hist = self.hist.ensure(s, 256 * tiles)?;
-        let totals = self.totals.ensure(s, 256)?;
-        let n32 = n as u32;
-        let tiles32 = tiles as u32;
-        for (pass, &(shift, bits)) in plan.iter().enumerate() {
-            let (kin, kout, vin, vout) = if pass % 2 == 0 { (&*ka, &mut *kb, &*va, &mut *vb) } else { (&*kb, &mut *ka, &*vb, &mut *va) };
-            {
-                let mut l = s.launch_builder(&self.f_hist);
-                l.arg(kin).arg(&mut *hist).arg(&n32).arg(&shift).arg(&bits);
-                // SAFETY: matches vox_radix_hist; hist has 256 * tiles entries.
-                unsafe { l.launch(cfg(tiles, block)) }?;
-            }
-            {
-                let mut l = s.launch_builder(&self.f_rowscan);
-                l.arg(&mut *hist).arg(&mut *totals).arg(&tiles32);
-                // SAFETY: matches vox_radix_rowscan; one block per digit (1 << bits <= 256).
-                unsafe { l.launch(cfg(1usize << bits, block)) }?;
-            }
-            {
-                let mut l = s.launch_builder(&self.f_scatter);
-                l.arg(kin);
-                if pass == 0 {
-                    l.arg(&null);
-                } else {
-                    l.arg(vin);
-                }
-                l.arg(kout).arg(vout).arg(&*hist).arg(&*totals).arg(&n32).arg(&shift).arg(&bits);
-                // SAFETY: matches vox_radix_scatter; all arrays hold n elements.
-                unsafe { l.launch(cfg(tiles, block)) }?;
-            }
+        mark("rank+keys")?;
+        let stride = (tiles * RADIX_BINS * std::mem::size_of::<u64>()) as u64;
+        for q in 0..passes {
+            let last = q + 1 == passes;
+            let (kin, vin, kout, vout) = if q % 2 == 0 { (ka, if q == 0 { 0 } else { va }, kb, vb) } else { (kb, vb, ka, va) };
+            let kout = if last { 0 } else { kout };
+            let st = sstat + q as u64 * stride;
+            let q32 = q as u32;
+            let mut l = s.launch_builder(&self.f_sort);
+            l.arg(&kin).arg(&vin).arg(&kout).arg(&vout).arg(&st).arg(&ctr).arg(&seg).arg(&p).arg(&q32);
+            // SAFETY: matches vox_sort_pass; keys/values n each, status `tiles * 256` words per pass,
+            // seg_start key_max words (kept ranks < key_max).
+            unsafe { l.launch(cfg(tiles, block)) }?;
+            mark(&format!("sort pass {q}"))?;
         }
-        self.sorted_slot = plan.len() % 2;
-        let sorted_keys = if self.sorted_slot == 1 { &*kb } else { &*ka };
-        let seg_start = self.seg_start.ensure(s, km.max(1))?;
-        let seg_end = self.seg_end.ensure(s, km.max(1))?;
-        {
-            let mut l = s.launch_builder(&self.f_segments);
-            l.arg(sorted_keys).arg(&mut *seg_start).arg(&mut *seg_end).arg(&p);
-            // SAFETY: matches vox_segments; segments hold key_max entries (kept keys < key_max).
-            unsafe { l.launch(cfg(blocks, block)) }?;
-        }
+        self.sorted_slot = passes % 2;
         Ok(p)
     }
 
@@ -370,46 +401,69 @@ impl GpuVoxelizer {
         raw: bool,
         pillar: Option<bool>,
     ) -> Result<(), GpuError> {
+        self.hard_device_timed(ctx, cloud, channels, params, raw, pillar, None)
+    }
+
+    /// [`Self::hard_device`] with a stage mark after every launch (per-kernel GPU times).
+    #[allow(clippy::too_many_arguments)]
+    pub fn hard_device_timed(
+        &mut self,
+        ctx: &GpuContext,
+        cloud: &DeviceCloud,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        raw: bool,
+        pillar: Option<bool>,
+        mut timer: Option<&mut StageTimer>,
+    ) -> Result<(), GpuError> {
         params.validate().map_err(|e| GpuError::Unsupported(e.to_string()))?;
         if pillar.is_some() && channels.is_empty() {
             return Err(GpuError::Unsupported("pillar features need an intensity channel (channels[0])".into()));
         }
-        let mut p = self.enqueue_core(ctx, cloud, channels, &params.grid, Some(params.max_voxels), params.max_points_per_voxel, false)?;
+        let s = &ctx.stream;
+        let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
+        let mut p = self.enqueue_core(
+            ctx,
+            cloud,
+            cloud_ptr,
+            channels,
+            &params.grid,
+            Some(params.max_voxels),
+            params.max_points_per_voxel,
+            false,
+            timer.as_deref_mut(),
+        )?;
         let pc = match pillar {
             Some(true) => 10,
             Some(false) => 9,
             None => 0,
         };
-        p.flags = if raw { FLAG_RAW } else { 0 }
+        p.flags |= if raw { FLAG_RAW } else { 0 }
             | if pillar.is_some() { FLAG_PILLAR } else { 0 }
             | if pillar == Some(true) { FLAG_RANGE } else { 0 };
         let pp = params.max_points_per_voxel as usize;
         let km = p.key_max as usize;
         self.last = LastOp::Hard { max_points: pp, num_channels: p.num_ch as usize, pillar_channels: pc, max_voxels: params.max_voxels };
         self.last_params = p;
-        let s = &ctx.stream;
-        let np = self.num_points.ensure(s, km.max(1))?;
-        let feats = self.features.ensure(s, if raw { km * pp * p.num_ch as usize } else { 1 }.max(1))?;
-        let pil = self.pillar.ensure(s, (km * pp * pc).max(1))?;
-        let _ = self.coords.ensure(s, 3 * km.max(1))?;
+        let np = self.num_points.ensure(km.max(1))?;
+        let feats = self.features.ensure(if raw { km * pp * p.num_ch as usize } else { 1 }.max(1))?;
+        let pil = self.pillar.ensure((km * pp * pc).max(1))?;
+        let coords = self.coords.ensure(3 * km.max(1))?;
         if cloud.len == 0 {
             return Ok(());
         }
-        let [va, vb] = &self.vals;
-        let vals = if self.sorted_slot == 1 { b_slice(vb) } else { b_slice(va) };
+        let vals = self.vals[self.sorted_slot].ptr();
+        let seg = self.seg_start.ptr();
+        let ctr = self.counters.ptr();
         let mut l = s.launch_builder(&self.f_fill);
-        l.arg(cloud.slice())
-            .arg(vals)
-            .arg(b_slice(&self.seg_start))
-            .arg(b_slice(&self.seg_end))
-            .arg(b_slice(&self.coords))
-            .arg(b_slice_mut(&mut self.counters))
-            .arg(&mut *np)
-            .arg(&mut *feats)
-            .arg(&mut *pil)
-            .arg(&p);
+        l.arg(&cloud_ptr).arg(&vals).arg(&seg).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil).arg(&p);
+        // One thread per (voxel, slot); P <= 32 rounds the slots up to a power of two (lane groups).
+        let lanes = if pp <= 32 { pp.next_power_of_two() } else { pp };
         // SAFETY: matches vox_hard_fill; outputs sized for key_max voxels (>= kept voxels).
-        unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * pp), ctx.profile.block_size.voxel)) }?;
+        unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * lanes), ctx.profile.block_size.voxel)) }?;
+        if let Some(t) = timer {
+            t.stage("fill")?;
+        }
         Ok(())
     }
 
@@ -427,18 +481,13 @@ impl GpuVoxelizer {
         let oc = if with_range { 10 } else { 9 };
         self.last = LastOp::Hard { max_points, num_channels, pillar_channels: oc, max_voxels };
         let km = p.key_max as usize;
-        let s = &ctx.stream;
-        let pil = self.pillar.ensure(s, (km * max_points * oc).max(1))?;
+        let pil = self.pillar.ensure((km * max_points * oc).max(1))?;
         if p.n == 0 {
             return Ok(());
         }
-        let mut l = s.launch_builder(&self.f_pillar);
-        l.arg(b_slice(&self.features))
-            .arg(b_slice(&self.num_points))
-            .arg(b_slice(&self.coords))
-            .arg(b_slice(&self.counters))
-            .arg(&mut *pil)
-            .arg(&p);
+        let (feats, np, coords, ctr) = (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr());
+        let mut l = ctx.stream.launch_builder(&self.f_pillar);
+        l.arg(&feats).arg(&np).arg(&coords).arg(&ctr).arg(&pil).arg(&p);
         // SAFETY: matches vox_pillar; buffers sized by hard_device for key_max voxels.
         unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * max_points), ctx.profile.block_size.voxel)) }?;
         Ok(())
@@ -446,55 +495,43 @@ impl GpuVoxelizer {
 
     /// Dynamic voxelization with means, results left on the device.
     pub fn dynamic_device(&mut self, ctx: &GpuContext, cloud: &DeviceCloud, channels: &[usize], grid: &VoxelGrid) -> Result<(), GpuError> {
-        let p = self.enqueue_core(ctx, cloud, channels, grid, None, 1, true)?;
+        let s = &ctx.stream;
+        let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
+        let p = self.enqueue_core(ctx, cloud, cloud_ptr, channels, grid, None, 1, true, None)?;
         self.last = LastOp::Dynamic { points: cloud.len, num_channels: p.num_ch as usize };
         self.last_params = p;
         let km = p.key_max as usize;
         let c = p.num_ch as usize;
-        let s = &ctx.stream;
-        let np = self.num_points.ensure(s, km.max(1))?;
-        let means = self.features.ensure(s, (km * c).max(1))?;
+        let np = self.num_points.ensure(km.max(1))?;
+        let means = self.features.ensure((km * c).max(1))?;
         if cloud.len == 0 {
             return Ok(());
         }
-        let [va, vb] = &self.vals;
-        let vals = if self.sorted_slot == 1 { b_slice(vb) } else { b_slice(va) };
+        let vals = self.vals[self.sorted_slot].ptr();
+        let seg = self.seg_start.ptr();
+        let ctr = self.counters.ptr();
         let mut l = s.launch_builder(&self.f_means);
-        l.arg(cloud.slice())
-            .arg(vals)
-            .arg(b_slice(&self.seg_start))
-            .arg(b_slice(&self.seg_end))
-            .arg(b_slice(&self.counters))
-            .arg(&mut *np)
-            .arg(&mut *means)
-            .arg(&p);
+        l.arg(&cloud_ptr).arg(&vals).arg(&seg).arg(&ctr).arg(&np).arg(&means).arg(&p);
         // SAFETY: matches vox_dyn_means; outputs sized for key_max voxels.
         unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * c), ctx.profile.block_size.voxel)) }?;
         Ok(())
     }
 
-    fn counters_host(&self, ctx: &GpuContext) -> Result<Vec<u32>, GpuError> {
-        Ok(ctx.stream.clone_dtoh(&b_slice(&self.counters).slice(..CTR_WORDS))?)
+    fn counters_host(&self) -> Result<Vec<u32>, GpuError> {
+        self.counters.to_host(CTR_WORDS)
     }
 
     /// Copies the last hard result back (waits for the stream).
-    pub fn hard_to_host(&self, ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
+    pub fn hard_to_host(&self, _ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
         let LastOp::Hard { max_points, num_channels, pillar_channels, max_voxels } = self.last else {
             return Err(GpuError::Unsupported("no hard voxels on the device".into()));
         };
-        let ctr = self.counters_host(ctx)?;
+        let ctr = self.counters_host()?;
         let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
-        let s = &ctx.stream;
-        let dl_i32 = |b: &Grow<i32>, len: usize| -> Result<Vec<i32>, GpuError> {
-            if len == 0 { Ok(Vec::new()) } else { Ok(s.clone_dtoh(&b_slice(b).slice(..len))?) }
-        };
-        let dl_f32 = |b: &Grow<f32>, len: usize| -> Result<Vec<f32>, GpuError> {
-            if len == 0 { Ok(Vec::new()) } else { Ok(s.clone_dtoh(&b_slice(b).slice(..len))?) }
-        };
-        let coords = dl_i32(&self.coords, 3 * v)?;
-        let num_points: Vec<u32> = if v == 0 { Vec::new() } else { s.clone_dtoh(&b_slice(&self.num_points).slice(..v))? };
+        let coords = self.coords.to_host(3 * v)?;
+        let num_points = self.num_points.to_host(v)?;
         let raw = self.last_params.flags & FLAG_RAW != 0 || self.last_params.flags & FLAG_PILLAR == 0;
-        let features = if raw { dl_f32(&self.features, v * max_points * num_channels)? } else { Vec::new() };
+        let features = if raw { self.features.to_host(v * max_points * num_channels)? } else { Vec::new() };
         let hv = HardVoxels {
             features,
             coords: coords.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
@@ -506,11 +543,7 @@ impl GpuVoxelizer {
             dropped_voxel_capacity: ctr[CTR_VOXEL_CAP] as usize,
         };
         let pf = if pillar_channels > 0 {
-            Some(PillarFeatures {
-                features: dl_f32(&self.pillar, v * max_points * pillar_channels)?,
-                num_channels: pillar_channels,
-                max_points,
-            })
+            Some(PillarFeatures { features: self.pillar.to_host(v * max_points * pillar_channels)?, num_channels: pillar_channels, max_points })
         } else {
             None
         };
@@ -518,69 +551,135 @@ impl GpuVoxelizer {
     }
 
     /// Copies the last dynamic result back (waits for the stream).
-    pub fn dynamic_to_host(&self, ctx: &GpuContext) -> Result<DynamicVoxels, GpuError> {
+    pub fn dynamic_to_host(&self, _ctx: &GpuContext) -> Result<DynamicVoxels, GpuError> {
         let LastOp::Dynamic { points, num_channels } = self.last else {
             return Err(GpuError::Unsupported("no dynamic voxels on the device".into()));
         };
-        let ctr = self.counters_host(ctx)?;
+        let ctr = self.counters_host()?;
         let v = ctr[CTR_VOXELS] as usize;
-        let s = &ctx.stream;
-        let dl = |b: &Grow<i32>, len: usize| -> Result<Vec<i32>, GpuError> {
-            if len == 0 { Ok(Vec::new()) } else { Ok(s.clone_dtoh(&b_slice(b).slice(..len))?) }
-        };
-        let pc = dl(&self.point_coords, 3 * points)?;
-        let vc = dl(&self.coords, 3 * v)?;
         let tri = |x: Vec<i32>| x.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect::<Vec<_>>();
         Ok(DynamicVoxels {
-            point_coords: tri(pc),
-            point_voxel: dl(&self.point_voxel, points)?,
-            voxel_coords: tri(vc),
-            num_points: if v == 0 { Vec::new() } else { s.clone_dtoh(&b_slice(&self.num_points).slice(..v))? },
-            means: if v == 0 { Vec::new() } else { s.clone_dtoh(&b_slice(&self.features).slice(..v * num_channels))? },
+            point_coords: tri(self.point_coords.to_host(3 * points)?),
+            point_voxel: self.point_voxel.to_host(points)?,
+            voxel_coords: tri(self.coords.to_host(3 * v)?),
+            num_points: self.num_points.to_host(v)?,
+            means: self.features.to_host(v * num_channels)?,
             num_channels,
             dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize,
         })
     }
 }
 
-fn b_slice<T>(b: &Grow<T>) -> &CudaSlice<T> {
-    b.buf.as_ref().expect("voxel buffer used before `ensure`")
-}
-
-fn b_slice_mut<T>(b: &mut Grow<T>) -> &mut CudaSlice<T> {
-    b.buf.as_mut().expect("voxel buffer used before `ensure`")
-}
-
-/// A grow-only device buffer (like [`super::GrowBuffer`], with shared access to the allocation).
-pub struct Grow<T> {
-    buf: Option<CudaSlice<T>>,
+/// A grow-only raw device allocation, passed to kernels as a plain pointer (no cudarc event
+/// tracking). Allocated and freed in stream order on the voxelizer's stream (pool allocations
+/// where the device supports them), zero-filled when (re)allocated.
+pub struct DevBuf<T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    pools: bool,
     growths: u64,
+    _t: PhantomData<T>,
 }
 
-impl<T: DeviceRepr + ValidAsZeroBits> Grow<T> {
-    fn new(stream: &Arc<CudaStream>, initial: usize) -> Result<Self, GpuError> {
-        let buf = if initial > 0 { Some(stream.alloc_zeros::<T>(initial)?) } else { None };
-        Ok(Self { buf, growths: 0 })
+impl<T> DevBuf<T> {
+    fn new(stream: &Arc<CudaStream>, pools: bool) -> Self {
+        Self { ptr: 0, len: 0, stream: stream.clone(), pools, growths: 0, _t: PhantomData }
     }
 
-    fn ensure(&mut self, stream: &Arc<CudaStream>, len: usize) -> Result<&mut CudaSlice<T>, GpuError> {
-        let cap = self.buf.as_ref().map_or(0, |b| b.len());
-        if cap < len.max(1) {
-            let new_len = len.max(1).max(cap + cap / 2);
-            self.buf = None;
-            self.buf = Some(stream.alloc_zeros::<T>(new_len)?);
-            self.growths += 1;
+    fn release(&mut self) {
+        if self.ptr == 0 {
+            return;
         }
-        Ok(self.buf.as_mut().unwrap())
+        let ptr = std::mem::replace(&mut self.ptr, 0);
+        self.len = 0;
+        let ctx = self.stream.context();
+        let r = ctx.bind_to_thread().and_then(|_| {
+            if self.pools {
+                // SAFETY: allocated by cuMemAllocAsync; freed after the stream's queued work.
+                unsafe { drv::free_async(ptr, self.stream.cu_stream()) }
+            } else {
+                self.stream.synchronize()?;
+                // SAFETY: allocated by cuMemAlloc; the stream's work on it has finished.
+                unsafe { drv::free_sync(ptr) }
+            }
+        });
+        ctx.record_err(r);
     }
 
-    /// The current allocation (None before the first use).
-    pub fn slice(&self) -> Option<&CudaSlice<T>> {
-        self.buf.as_ref()
+    /// The device address (0 before the first `ensure`).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
     }
 
+    /// Capacity in elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many times the buffer was (re)allocated.
     pub fn growths(&self) -> u64 {
         self.growths
+    }
+
+    /// Zeroes the whole allocation (stream-ordered).
+    fn zero_all(&self) -> Result<(), GpuError> {
+        if self.ptr != 0 {
+            self.stream.context().bind_to_thread()?;
+            // SAFETY: ptr holds len elements.
+            unsafe { drv::memset_d8_async(self.ptr, 0, self.len * std::mem::size_of::<T>(), self.stream.cu_stream()) }?;
+        }
+        Ok(())
+    }
+
+    /// At least `len` elements (grow-only, by at least half); returns the device address.
+    fn ensure(&mut self, len: usize) -> Result<u64, GpuError> {
+        if self.len < len.max(1) {
+            let new_len = len.max(1).max(self.len + self.len / 2);
+            self.release();
+            let bytes = new_len * std::mem::size_of::<T>();
+            self.stream.context().bind_to_thread()?;
+            // SAFETY: plain allocation; zeroed in stream order before any kernel sees it.
+            let ptr = unsafe {
+                if self.pools {
+                    drv::malloc_async(self.stream.cu_stream(), bytes)
+                } else {
+                    drv::malloc_sync(bytes)
+                }
+            }?;
+            self.ptr = ptr;
+            self.len = new_len;
+            self.growths += 1;
+            self.zero_all()?;
+        }
+        Ok(self.ptr)
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits + Copy> DevBuf<T> {
+    /// Copies the first `len` elements to the host (waits for the stream).
+    pub fn to_host(&self, len: usize) -> Result<Vec<T>, GpuError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        assert!(len <= self.len, "DevBuf::to_host: {len} elements of {}", self.len);
+        // SAFETY: T is valid as all-zero bits.
+        let mut v = vec![unsafe { std::mem::zeroed::<T>() }; len];
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: ptr holds >= len elements; the copy completes before synchronize returns.
+        unsafe { drv::memcpy_dtoh_async(&mut v, self.ptr, self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(v)
+    }
+}
+
+impl<T> Drop for DevBuf<T> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -602,15 +701,10 @@ pub fn voxelize_dynamic(ctx: &GpuContext, cloud: &DeviceCloud, channels: &[usize
     v.dynamic_to_host(ctx)
 }
 
-/// Builds the downsampled cloud from dynamic voxels (channel names: x, y, z + the chosen ones).
+/// Builds the downsampled cloud from dynamic voxels (channel names: x, y, z + the chosen ones):
+/// [`Downsampled::from_dynamic`], the same function the CPU reference uses.
 pub fn downsampled_from(dv: &DynamicVoxels, names: &[String]) -> Downsampled {
-    let c = dv.num_channels;
-    let column = |k: usize| -> Vec<f32> { dv.means.iter().skip(k).step_by(c).copied().collect() };
-    let mut out = Cloud::from_xyz(column(0), column(1), column(2));
-    for (k, name) in names.iter().enumerate().skip(3).take(c - 3) {
-        out = out.with_channel(name, column(k));
-    }
-    Downsampled { cloud: out, dropped_out_of_range: dv.dropped_out_of_range }
+    Downsampled::from_dynamic(dv, names)
 }
 
 /// [`crate::ops::voxel::voxel_grid_downsample`] on the device cloud.
@@ -828,6 +922,12 @@ fn first_hard_diff(g: &HardVoxels, c: &HardVoxels) -> String {
 /// (`ouster_dir/*.bin`) and on clouds drawn from `seed`, for the W1 pillars and voxels configs;
 /// each GPU op runs twice (outputs must be identical).
 pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+    check_with(ctx, seed, ouster_dir, false)
+}
+
+/// [`check`]; `quick` keeps the first Ouster scan and the small drawn clouds only (for runs under
+/// compute-sanitizer).
+pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -> Result<Vec<CheckRow>, GpuError> {
     use crate::ops::voxel as cpu;
     let mut cases: Vec<(String, Cloud, Vec<usize>)> = Vec::new();
     let mut files: Vec<_> = std::fs::read_dir(ouster_dir)
@@ -836,13 +936,16 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         .filter(|p| p.extension().is_some_and(|x| x == "bin"))
         .collect();
     files.sort();
+    if quick {
+        files.truncate(1);
+    }
     for (k, f) in files.iter().enumerate() {
         let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| GpuError::Unsupported(format!("{}: {e}", f.display())))?;
         // Channel 3 = reflectivity as the intensity; the first scan also carries ring and t.
         let chans = if k == 0 { vec![3, 4, 5] } else { vec![3] };
         cases.push((format!("ouster {}", f.file_name().unwrap().to_string_lossy()), scan, chans));
     }
-    for (name, cloud) in check_clouds(seed, true) {
+    for (name, cloud) in check_clouds(seed, !quick) {
         cases.push((name, cloud, vec![3]));
     }
     let configs = [
@@ -964,19 +1067,65 @@ fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, GpuError> {
     Ok(Cloud::from_xyz(c(0), c(1), c(2)).with_channel("intensity", c(3)))
 }
 
-fn median_ms(timer: &mut StageTimer, runs: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<f64, GpuError> {
+/// (median GPU ms between events around `f`, median host µs spent enqueueing `f`).
+fn median_ms(timer: &mut StageTimer, runs: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<(f64, f64), GpuError> {
     for _ in 0..10 {
         f()?;
     }
     let mut t = Vec::with_capacity(runs);
+    let mut host = Vec::with_capacity(runs);
     for _ in 0..runs {
         timer.start()?;
+        let h = std::time::Instant::now();
         f()?;
+        host.push(h.elapsed().as_secs_f64() * 1e6);
         timer.stage("op")?;
         t.push(timer.finish()?[0].1 as f64);
     }
     t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(t[runs / 2])
+    host.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok((t[runs / 2], host[runs / 2]))
+}
+
+/// Per-launch GPU times (median of 100 runs, an event after every launch) of hard voxelization on
+/// the W1 pillars workloads, raw features and raw + fused pillar features: one line per workload.
+pub fn bench_stages(ctx: &GpuContext, workloads: &Path) -> Result<Vec<String>, GpuError> {
+    const RUNS: usize = 100;
+    let mut vox = GpuVoxelizer::new(ctx)?;
+    let mut timer = ctx.stage_timer();
+    let mut out = Vec::new();
+    for wl in ["scan0_xyzr", "large_xyzr"] {
+        let Ok(cloud) = load_xyzr(workloads, wl) else { continue };
+        let (dev, _) = upload(ctx, &cloud)?;
+        for (what, pillar) in [("raw", None), ("raw + pillar", Some(false))] {
+            let mut per: Vec<(String, Vec<f64>)> = Vec::new();
+            for run in 0..RUNS + 10 {
+                timer.start()?;
+                vox.hard_device_timed(ctx, &dev, &[3], &w1_pillars(), true, pillar, Some(&mut timer))?;
+                let st = timer.finish()?;
+                if run < 10 {
+                    continue;
+                }
+                for (k, (name, ms)) in st.into_iter().enumerate() {
+                    if per.len() <= k {
+                        per.push((name, Vec::new()));
+                    }
+                    per[k].1.push(ms as f64);
+                }
+            }
+            let mut line = format!("stages W1 pillars {wl} ({what}):");
+            let mut sum = 0.0;
+            for (name, mut v) in per {
+                v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let m = v[v.len() / 2];
+                sum += m;
+                line.push_str(&format!(" {name} {:.4}", m));
+            }
+            line.push_str(&format!(" | sum {:.4} ms", sum));
+            out.push(line);
+        }
+    }
+    Ok(out)
 }
 
 /// GPU time (CUDA events, 10 warm-up runs, median of 100) of the voxel operators on the W1
@@ -1000,7 +1149,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
         for (cfg_name, params, target, peer) in
             [("pillars", w1_pillars(), Some(target_p), Some(peer_p)), ("voxels", w1_voxels(), None, Some(peer_v))]
         {
-            let ms = median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, None))?;
+            let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, None))?;
             let (h, _) = vox.hard_to_host(ctx)?;
             let bytes = (n * 16 + h.features.len() * 4 + h.coords.len() * 12 + h.num_points.len() * 4) as u64;
             rows.push(BenchRow {
@@ -1012,10 +1161,10 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
                 min_bytes: bytes,
                 target_ms: target,
                 peer_ms: peer,
-                note: format!("V={} kept={}", h.voxel_count(), h.kept_points()),
+                note: format!("V={} kept={} host {host_us:.1} us", h.voxel_count(), h.kept_points()),
             });
             if cfg_name == "pillars" {
-                let ms = median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
+                let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
                 let (h, pf) = vox.hard_to_host(ctx)?;
                 let pf = pf.unwrap();
                 rows.push(BenchRow {
@@ -1027,10 +1176,10 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
                     min_bytes: bytes + pf.features.len() as u64 * 4,
                     target_ms: if wl == "scan0_xyzr" { Some(0.05) } else { None },
                     peer_ms: None,
-                    note: format!("V={} raw + 9-channel features", h.voxel_count()),
+                    note: format!("V={} raw + 9-channel features host {host_us:.1} us", h.voxel_count()),
                 });
             }
-            let ms = median_ms(&mut timer, RUNS, || vox.dynamic_device(ctx, &dev, &ch, &params.grid))?;
+            let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.dynamic_device(ctx, &dev, &ch, &params.grid))?;
             let d = vox.dynamic_to_host(ctx)?;
             rows.push(BenchRow {
                 operator: "voxelize_dynamic (means)".into(),
@@ -1041,7 +1190,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
                 min_bytes: (n * 16 + n * 16 + d.means.len() * 4 + d.voxel_coords.len() * 16) as u64,
                 target_ms: None,
                 peer_ms: None,
-                note: format!("V={}", d.voxel_count()),
+                note: format!("V={} host {host_us:.1} us", d.voxel_count()),
             });
         }
     }
@@ -1094,20 +1243,38 @@ mod tests {
     #[test]
     fn params_key_max_and_channels() {
         let p = w1_pillars();
-        let (vp, h) = make_params(&p.grid, 107_647, 262_144, &[3, 5], Some(60000), 32, 0.5);
+        // Pillars: 640 x 640 x 1 cells, direct-mapped.
+        let (vp, slots) = make_params(&p.grid, 107_647, 262_144, &[3, 5], Some(60000), 32, 0.5);
         assert_eq!(vp.key_max, 60000);
         assert_eq!(vp.num_ch, 5);
         assert_eq!(&vp.ch[..5], &[0, 1, 2, 3, 5]);
+        assert_eq!(vp.flags & FLAG_DIRECT, FLAG_DIRECT);
+        assert_eq!(slots, 640 * 640);
+        assert_eq!((vp.sort_passes, vp.sort_bits, vp.sort_total), (2, 8, 16));
+        // Voxels: 1024 x 1024 x 40 cells, hashed.
+        let (vp, h) = make_params(&w1_voxels().grid, 107_647, 262_144, &[3], Some(160000), 10, 0.5);
+        assert_eq!(vp.flags & FLAG_DIRECT, 0);
         assert_eq!(h, 262_144);
         assert_eq!(vp.hash_mask as usize, h - 1);
         assert_eq!(vp.hash_shift, 64 - 18);
+        assert_eq!(vp.key_max, 107_647); // min(N, cap)
+        assert_eq!((vp.sort_passes, vp.sort_bits, vp.sort_total), (3, 6, 17));
         // Dynamic: bounded by the cells of the grid (640 * 640) and by N.
         let (vp, _) = make_params(&p.grid, 1_700_481, 1_700_481, &[], None, 1, 0.5);
         assert_eq!(vp.key_max, 409_600);
         assert_eq!(vp.max_voxels, u32::MAX);
         let (vp, _) = make_params(&p.grid, 10, 10, &[], None, 1, 0.5);
         assert_eq!(vp.key_max, 10);
-        assert_eq!(std::mem::size_of::<VoxParams>(), 4 * (3 * 4 + 10 + MAX_CHANNELS));
+        assert_eq!((vp.sort_passes, vp.sort_bits, vp.sort_total), (1, 4, 4));
+        assert_eq!(std::mem::size_of::<VoxParams>(), 4 * (3 * 4 + 14 + MAX_CHANNELS));
+        for km in [0u32, 1, 255, 256, 60000, 160000, 409_600, MAX_POINTS as u32] {
+            let plan = radix_plan(km);
+            assert!(plan.len() <= RADIX_MAX_PASSES, "{km}");
+            assert!(plan.iter().map(|q| q.1).sum::<u32>() <= 30, "{km}: the sort key's bit 31 is a flag");
+            for (q, &(shift, _)) in plan.iter().enumerate() {
+                assert_eq!(shift, q as u32 * plan[0].1);
+            }
+        }
     }
 
     #[test]

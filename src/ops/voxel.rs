@@ -492,14 +492,23 @@ pub struct Downsampled {
 /// # Panics
 /// When `grid` fails validation (see [`voxelize_dynamic`]).
 pub fn voxel_grid_downsample(cloud: &Cloud, grid: &VoxelGrid) -> Downsampled {
-    let dv = voxelize_dynamic(cloud, grid);
-    let c = dv.num_channels;
-    let column = |k: usize| -> Vec<f32> { dv.means.iter().skip(k).step_by(c).copied().collect() };
-    let mut out = Cloud::from_xyz(column(0), column(1), column(2));
-    for (k, name) in cloud.names().iter().enumerate().skip(3) {
-        out = out.with_channel(name, column(k));
+    Downsampled::from_dynamic(&voxelize_dynamic(cloud, grid), cloud.names())
+}
+
+impl Downsampled {
+    /// The downsampled cloud of dynamic voxels: output point `v` has channel `k` =
+    /// `dv.means[v * C + k]`. `names` names the `C` channels in order (x, y, z first; only the
+    /// names of channels `3..C` are used, extra names are ignored). Shared by
+    /// [`voxel_grid_downsample`] and the GPU path (`gpu::voxel`), which builds `dv` on the device.
+    pub fn from_dynamic(dv: &DynamicVoxels, names: &[String]) -> Downsampled {
+        let c = dv.num_channels;
+        let column = |k: usize| -> Vec<f32> { dv.means.iter().skip(k).step_by(c).copied().collect() };
+        let mut out = Cloud::from_xyz(column(0), column(1), column(2));
+        for (k, name) in names.iter().enumerate().skip(3).take(c.saturating_sub(3)) {
+            out = out.with_channel(name, column(k));
+        }
+        Downsampled { cloud: out, dropped_out_of_range: dv.dropped_out_of_range }
     }
-    Downsampled { cloud: out, dropped_out_of_range: dv.dropped_out_of_range }
 }
 
 // ---------------------------------------------------------------------------------------------
