@@ -1,8 +1,11 @@
-//! ROS 2 node `neighbors` (feature `ros`). For now it relays its input (see `RelayStage`): the
-//! neighbors stage of the pipeline is not wired yet.
+//! ROS 2 node `neighbors` (feature `ros`): FPS + KNN / ball query. In: `points` (PointCloud2). Out: `~/neighborhoods` (organized cloud:
+//! row q = the neighbours of sample q, with x y z index; padding index -1).
 //!
-//! Run: `neighbors --ros-args -r points:=/sensor/points -p reliable:=true`
+//! Run: `neighbors --ros-args --params-file config/cpu.param.yaml -r points:=/sensor/topic -p reliable:=true`
+//! `neighbors --list-params` prints the declared parameters (`--list-params=markdown`: a table).
+
+use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
 
 fn main() -> anyhow::Result<()> {
-    lidar_kernels::ros::run_node(lidar_kernels::ros::RelayStage::new("neighbors"))
+    run_node(PipelineStage::new(NodeKind::Neighbors))
 }

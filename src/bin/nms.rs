@@ -1,8 +1,11 @@
-//! ROS 2 node `nms` (feature `ros`). For now it relays its input (see `RelayStage`): the
-//! nms stage of the pipeline is not wired yet.
+//! ROS 2 node `nms` (feature `ros`): NMS over box records. In: `boxes_in` (PointCloud2 with x y z length width height yaw score label).
+//! Out: `~/boxes` (kept box records), `~/markers` (visualization_msgs/MarkerArray, CUBE markers).
 //!
-//! Run: `nms --ros-args -r points:=/sensor/points -p reliable:=true`
+//! Run: `nms --ros-args --params-file config/cpu.param.yaml -r boxes_in:=/sensor/topic -p reliable:=true`
+//! `nms --list-params` prints the declared parameters (`--list-params=markdown`: a table).
+
+use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
 
 fn main() -> anyhow::Result<()> {
-    lidar_kernels::ros::run_node(lidar_kernels::ros::RelayStage::new("nms"))
+    run_node(PipelineStage::new(NodeKind::Nms))
 }

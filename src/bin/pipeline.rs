@@ -1,8 +1,12 @@
-//! ROS 2 node `pipeline` (feature `ros`). For now it relays its input (see `RelayStage`): the
-//! pipeline stage of the pipeline is not wired yet.
+//! ROS 2 node `pipeline` (feature `ros`): Every stage chosen by the `*.enabled` parameters (voxelize, downsample, fps, neighbors) in one
+//! process on one backend (one CUDA context; the frame stays on the device between stages).
+//! In: `points` (PointCloud2). Out: `~/voxels`, `~/downsampled`, `~/samples`, `~/neighborhoods`.
 //!
-//! Run: `pipeline --ros-args -r points:=/sensor/points -p reliable:=true`
+//! Run: `pipeline --ros-args --params-file config/cpu.param.yaml -r points:=/sensor/topic -p reliable:=true`
+//! `pipeline --list-params` prints the declared parameters (`--list-params=markdown`: a table).
+
+use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
 
 fn main() -> anyhow::Result<()> {
-    lidar_kernels::ros::run_node(lidar_kernels::ros::RelayStage::new("pipeline"))
+    run_node(PipelineStage::new(NodeKind::Pipeline))
 }

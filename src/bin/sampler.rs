@@ -1,8 +1,10 @@
-//! ROS 2 node `sampler` (feature `ros`). For now it relays its input (see `RelayStage`): the
-//! sampler stage of the pipeline is not wired yet.
+//! ROS 2 node `sampler` (feature `ros`): Farthest point sampling. In: `points` (PointCloud2). Out: `~/samples` (the sampled points).
 //!
-//! Run: `sampler --ros-args -r points:=/sensor/points -p reliable:=true`
+//! Run: `sampler --ros-args --params-file config/cpu.param.yaml -r points:=/sensor/topic -p reliable:=true`
+//! `sampler --list-params` prints the declared parameters (`--list-params=markdown`: a table).
+
+use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
 
 fn main() -> anyhow::Result<()> {
-    lidar_kernels::ros::run_node(lidar_kernels::ros::RelayStage::new("sampler"))
+    run_node(PipelineStage::new(NodeKind::Sampler))
 }

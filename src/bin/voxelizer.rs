@@ -1,8 +1,11 @@
-//! ROS 2 node `voxelizer` (feature `ros`). For now it relays its input (see `RelayStage`): the
-//! voxelizer stage of the pipeline is not wired yet.
+//! ROS 2 node `voxelizer` (feature `ros`): Voxelize (hard | dynamic) and/or voxel-grid downsample.
+//! In: `points` (PointCloud2). Out: `~/voxels`, `~/downsampled`.
 //!
-//! Run: `voxelizer --ros-args -r points:=/sensor/points -p reliable:=true`
+//! Run: `voxelizer --ros-args --params-file config/cpu.param.yaml -r points:=/sensor/topic -p reliable:=true`
+//! `voxelizer --list-params` prints the declared parameters (`--list-params=markdown`: a table).
+
+use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
 
 fn main() -> anyhow::Result<()> {
-    lidar_kernels::ros::run_node(lidar_kernels::ros::RelayStage::new("voxelizer"))
+    run_node(PipelineStage::new(NodeKind::Voxelizer))
 }

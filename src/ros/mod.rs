@@ -15,10 +15,13 @@
 
 mod node;
 mod params;
+pub mod pipeline_stage;
 pub mod queue;
 pub mod ratelimit;
 pub mod stage;
 
-pub use node::{common_params, run_node, NodeStats};
+pub use node::{common_params, list_params, run_node, NodeStats};
 pub use params::ParamTable;
-pub use stage::{error_kind, validate_cloud, Input, Output, OutputSpec, ParamSpec, ParamValue, Params, RelayStage, Stage};
+pub use crate::cloud::validate as validate_cloud;
+pub use pipeline_stage::{NodeKind, PipelineStage};
+pub use stage::{error_kind, Input, Output, OutputSpec, ParamSpec, ParamValue, Params, RelayStage, Stage};

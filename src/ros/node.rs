@@ -20,8 +20,9 @@ use r2r::{QosProfile, RosParams};
 use super::params::ParamTable;
 use super::queue::{LatestQueue, Pop};
 use super::ratelimit::RateLimiter;
-use super::stage::{error_kind, validate_cloud, Input, ParamSpec, Params, Stage};
-use crate::cloud::{PointCloud2, POINTCLOUD2_TYPE};
+use super::stage::{error_kind, Input, ParamSpec, ParamValue, Params, Stage};
+use crate::cloud::{validate as validate_cloud, PointCloud2, POINTCLOUD2_TYPE};
+use crate::pipeline::LatencySamples;
 
 /// The parameters every node declares (a stage's own come after them).
 pub fn common_params() -> Vec<ParamSpec> {
@@ -86,8 +87,15 @@ struct StatsDetail {
     process_ms_last: f64,
     process_ms_max: f64,
     process_ms_sum: f64,
+    /// Receive (executor callback) to the last publish of the cloud's outputs, recent window.
+    latency: LatencySamples,
+    latency_ms_last: f64,
+    latency_ms_max: f64,
     stage_stats: Vec<(String, String)>,
 }
+
+/// Samples kept for the receive-to-publish percentiles (a sliding window, restarted when full).
+const LATENCY_WINDOW: usize = 4096;
 
 impl NodeStats {
     fn detail(&self) -> std::sync::MutexGuard<'_, StatsDetail> {
@@ -97,6 +105,8 @@ impl NodeStats {
 
 struct Frame {
     cdr: Vec<u8>,
+    /// When the executor callback got the bytes.
+    received: Instant,
 }
 
 /// Builds the /diagnostics key/values: the node's counters, then the stage's stats.
@@ -126,6 +136,15 @@ fn diagnostic_values(stats: &NodeStats, queue: &LatestQueue<Frame>, input_qos: &
         ("process_ms_max".into(), format!("{:.3}", d.process_ms_max)),
         ("input_qos".into(), input_qos.to_string()),
     ]);
+    // The node's own latency, reported like a pipeline stage: callback received the bytes -> last
+    // output published.
+    kv.push(("receive_to_publish_last_ms".into(), format!("{:.3}", d.latency_ms_last)));
+    for (label, q) in [("p50", 0.5), ("p99", 0.99)] {
+        if let Some(v) = d.latency.percentile(q) {
+            kv.push((format!("receive_to_publish_{label}_ms"), format!("{v:.3}")));
+        }
+    }
+    kv.push(("receive_to_publish_max_ms".into(), format!("{:.3}", d.latency_ms_max)));
     kv.extend(d.stage_stats.iter().cloned());
     kv
 }
@@ -136,10 +155,54 @@ fn qos(reliable: bool, depth: i64) -> QosProfile {
     q
 }
 
+/// The node's declared parameters (common ones, then the stage's), one per line, tab-separated:
+/// `name, type, default, range, read_only|-, description`; with `markdown` a Markdown table.
+pub fn list_params<S: Stage>(stage: &S, markdown: bool) -> String {
+    let mut specs = common_params();
+    specs.extend(stage.params());
+    let table = ParamTable::new(specs);
+    let mut out = String::new();
+    if markdown {
+        out.push_str("| parameter | type | default | range | description |\n|---|---|---|---|---|\n");
+    }
+    for s in table.specs() {
+        let range = s.range.map_or("-".to_string(), |(lo, hi)| format!("[{lo}, {hi}]"));
+        let default = match &s.default {
+            ParamValue::Str(v) => format!("{v:?}"),
+            v => v.to_string(),
+        };
+        if markdown {
+            let ro = if s.read_only { " Read-only at run time." } else { "" };
+            out.push_str(&format!(
+                "| `{}` | {} | `{default}` | {range} | {}{ro} |\n",
+                s.name,
+                s.default.type_name(),
+                s.description.replace('|', "\\|")
+            ));
+        } else {
+            let ro = if s.read_only { "read_only" } else { "-" };
+            out.push_str(&format!("{}\t{}\t{default}\t{range}\t{ro}\t{}\n", s.name, s.default.type_name(), s.description));
+        }
+    }
+    out
+}
+
 /// Runs `stage` as a ROS 2 node until Ctrl-C or SIGTERM. ROS arguments (`--ros-args -p name:=value
 /// -r points:=/sensor/points -r __node:=name --params-file f.yaml`) are read from the command line.
 /// Subscribes to `points` (PointCloud2, raw CDR); publishes the stage's outputs and /diagnostics.
+///
+/// `--list-params` (before `--ros-args`) prints the declared parameters and exits
+/// (`--list-params=markdown`: a Markdown table); no ROS context is created.
 pub fn run_node<S: Stage>(stage: S) -> anyhow::Result<()> {
+    for a in std::env::args().skip(1) {
+        if a == "--ros-args" {
+            break;
+        }
+        if a == "--list-params" || a == "--list-params=markdown" {
+            print!("{}", list_params(&stage, a.ends_with("markdown")));
+            return Ok(());
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ros-exec")
@@ -164,8 +227,19 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
     let dyn_table: Arc<Mutex<dyn RosParams + Send>> = table.clone();
     let (param_handler, param_events) =
         node.make_derived_parameter_handler(dyn_table).map_err(|e| anyhow!("parameters: {e}"))?;
+    let undeclared = table.lock().unwrap().undeclared().to_vec();
+    if !undeclared.is_empty() {
+        r2r::log_warn!(&logger, "parameters given but not declared by this node (ignored): {}", undeclared.join(", "));
+    }
     let params: Params = table.lock().unwrap().snapshot();
     stage.configure(&params).context("stage configuration")?;
+    {
+        let mut t = table.lock().unwrap();
+        for (name, value) in stage.effective_params() {
+            t.set_effective(&name, value);
+        }
+    }
+    let params: Params = table.lock().unwrap().snapshot();
 
     let reliable = params.bool("reliable").unwrap_or(false);
     let depth = params.int("qos_depth").unwrap_or(1);
@@ -223,7 +297,7 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
     {
         let queue = queue.clone();
         tokio::spawn(sub.for_each(move |cdr| {
-            queue.push(Frame { cdr });
+            queue.push(Frame { cdr, received: Instant::now() });
             futures::future::ready(())
         }));
     }
@@ -319,6 +393,8 @@ fn process_loop<S: Stage>(
     let log_period = |p: &Params| Duration::from_secs_f64(p.double("malformed_log_period").unwrap_or(5.0));
     let mut malformed_log = RateLimiter::new(log_period(&params));
     let mut error_log = RateLimiter::new(log_period(&params));
+    // The stage's key/values (backend, configuration) are in /diagnostics before the first cloud.
+    stats.detail().stage_stats = stage.stats();
     loop {
         let frame = match queue.pop_timeout(Duration::from_millis(100)) {
             Pop::Item(f) => Some(f),
@@ -336,6 +412,7 @@ fn process_loop<S: Stage>(
             if let Err(e) = stage.configure(&new) {
                 r2r::log_error!(&logger, "new parameters rejected by the stage, keeping the previous configuration: {e:#}");
             }
+            stats.detail().stage_stats = stage.stats();
             params = new;
         }
 
@@ -369,8 +446,10 @@ fn process_loop<S: Stage>(
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         stats.processed.fetch_add(1, Ordering::Relaxed);
         stats.points_in.fetch_add(msg.num_points(), Ordering::Relaxed);
+        let mut latency_ms = None;
         let error = match result {
             Ok(Ok(outputs)) => {
+                let any = !outputs.is_empty();
                 for (topic, cdr) in outputs {
                     match publishers.get(&topic) {
                         Some(p) => match p.publish_raw(&cdr) {
@@ -392,6 +471,9 @@ fn process_loop<S: Stage>(
                         }
                     }
                 }
+                if any {
+                    latency_ms = Some(frame.received.elapsed().as_secs_f64() * 1e3);
+                }
                 None
             }
             Ok(Err(e)) => Some(format!("{e:#}")),
@@ -411,6 +493,14 @@ fn process_loop<S: Stage>(
             d.process_ms_max = d.process_ms_max.max(ms);
             d.process_ms_sum += ms;
             d.stage_stats = stage_stats;
+            if let Some(l) = latency_ms {
+                if d.latency.len() >= LATENCY_WINDOW {
+                    d.latency = LatencySamples::default();
+                }
+                d.latency.push(Duration::from_secs_f64(l / 1e3));
+                d.latency_ms_last = l;
+                d.latency_ms_max = d.latency_ms_max.max(l);
+            }
             if let Some(e) = &error {
                 d.last_stage_error = e.clone();
             }

@@ -14,6 +14,7 @@ pub struct ParamTable {
     specs: Vec<ParamSpec>,
     values: Params,
     started: bool,
+    undeclared: Vec<String>,
 }
 
 fn from_r2r(name: &str, v: &ParameterValue) -> r2r::Result<ParamValue> {
@@ -22,6 +23,9 @@ fn from_r2r(name: &str, v: &ParameterValue) -> r2r::Result<ParamValue> {
         ParameterValue::Integer(i) => ParamValue::Int(*i),
         ParameterValue::Double(d) => ParamValue::Double(*d),
         ParameterValue::String(s) => ParamValue::Str(s.clone()),
+        ParameterValue::DoubleArray(a) => ParamValue::DoubleArray(a.clone()),
+        ParameterValue::IntegerArray(a) => ParamValue::DoubleArray(a.iter().map(|&i| i as f64).collect()),
+        ParameterValue::StringArray(a) => ParamValue::StringArray(a.clone()),
         other => {
             return Err(r2r::Error::ParameterValueConv {
                 name: name.into(),
@@ -37,6 +41,8 @@ fn to_r2r(v: &ParamValue) -> ParameterValue {
         ParamValue::Int(i) => ParameterValue::Integer(*i),
         ParamValue::Double(d) => ParameterValue::Double(*d),
         ParamValue::Str(s) => ParameterValue::String(s.clone()),
+        ParamValue::DoubleArray(a) => ParameterValue::DoubleArray(a.clone()),
+        ParamValue::StringArray(a) => ParameterValue::StringArray(a.clone()),
     }
 }
 
@@ -52,8 +58,9 @@ impl ParamTable {
         let values = Params {
             values: unique.iter().map(|s| (s.name.clone(), s.default.clone())).collect(),
             generation: 0,
+            explicit: Default::default(),
         };
-        Self { specs: unique, values, started: false }
+        Self { specs: unique, values, started: false, undeclared: Vec::new() }
     }
 
     pub fn snapshot(&self) -> Params {
@@ -66,6 +73,19 @@ impl ParamTable {
 
     pub fn specs(&self) -> &[ParamSpec] {
         &self.specs
+    }
+
+    /// Names given on the command line or in a params file that this node does not declare
+    /// (ignored; a params file for `/**` may serve several nodes).
+    pub fn undeclared(&self) -> &[String] {
+        &self.undeclared
+    }
+
+    /// Replaces a value by the one in effect (not an explicit setting; `generation` unchanged).
+    pub fn set_effective(&mut self, name: &str, value: ParamValue) {
+        if let Some(v) = self.values.values.get_mut(name) {
+            *v = value;
+        }
     }
 
     fn spec(&self, name: &str) -> r2r::Result<&ParamSpec> {
@@ -97,6 +117,7 @@ impl RosParams for ParamTable {
                 if !matches!(cli.value, ParameterValue::NotSet) {
                     let v = self.checked(&name, &cli.value)?;
                     self.values.values.insert(name.clone(), v);
+                    self.values.explicit.insert(name.clone());
                 }
                 params.shift_remove(&full);
             }
@@ -105,6 +126,9 @@ impl RosParams for ParamTable {
             let value = to_r2r(&self.values.values[&name]);
             params.insert(full, Parameter { value, description });
         }
+        let declared: std::collections::HashSet<String> =
+            self.specs.iter().map(|s| format!("{prefix}{sep}{}", s.name)).collect();
+        self.undeclared = params.keys().filter(|k| !declared.contains(*k)).cloned().collect();
         self.started = true;
         Ok(())
     }
@@ -119,8 +143,9 @@ impl RosParams for ParamTable {
 
     fn set_parameter(&mut self, param_name: &str, param_val: &ParameterValue) -> r2r::Result<()> {
         let v = self.checked(param_name, param_val)?;
-        if self.values.values.get(param_name) != Some(&v) {
+        if self.values.values.get(param_name) != Some(&v) || !self.values.explicit.contains(param_name) {
             self.values.values.insert(param_name.into(), v);
+            self.values.explicit.insert(param_name.into());
             self.values.generation += 1;
         }
         Ok(())

@@ -14,6 +14,8 @@ pub enum ParamValue {
     Int(i64),
     Double(f64),
     Str(String),
+    DoubleArray(Vec<f64>),
+    StringArray(Vec<String>),
 }
 
 impl ParamValue {
@@ -23,6 +25,8 @@ impl ParamValue {
             ParamValue::Int(_) => "integer",
             ParamValue::Double(_) => "double",
             ParamValue::Str(_) => "string",
+            ParamValue::DoubleArray(_) => "double array",
+            ParamValue::StringArray(_) => "string array",
         }
     }
 }
@@ -34,11 +38,14 @@ impl std::fmt::Display for ParamValue {
             ParamValue::Int(v) => write!(f, "{v}"),
             ParamValue::Double(v) => write!(f, "{v}"),
             ParamValue::Str(v) => write!(f, "{v:?}"),
+            ParamValue::DoubleArray(v) => write!(f, "{v:?}"),
+            ParamValue::StringArray(v) => write!(f, "{v:?}"),
         }
     }
 }
 
-/// A declared parameter: name, default, description, optional inclusive range, read-only flag.
+/// A declared parameter: name, default, description, optional inclusive range (per element for a
+/// double array), read-only flag.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
     pub name: String,
@@ -66,15 +73,28 @@ impl ParamSpec {
     pub fn string(name: &str, default: &str, description: &str) -> Self {
         Self::new(name, ParamValue::Str(default.into()), description)
     }
+    pub fn double_array(name: &str, default: &[f64], range: Option<(f64, f64)>, description: &str) -> Self {
+        Self { range, ..Self::new(name, ParamValue::DoubleArray(default.to_vec()), description) }
+    }
+    pub fn string_array(name: &str, default: &[String], description: &str) -> Self {
+        Self::new(name, ParamValue::StringArray(default.to_vec()), description)
+    }
+    /// Any default value, optional range (integers, doubles, double arrays).
+    pub fn with_value(name: &str, default: ParamValue, range: Option<(f64, f64)>, description: &str) -> Self {
+        Self { range, ..Self::new(name, default, description) }
+    }
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
         self
     }
 
-    /// Checks type and range; an integer is accepted for a double parameter.
+    /// Checks type and range; an integer is accepted for a double parameter. An empty array of
+    /// another element type is accepted for an array parameter (YAML `[]` has no element type).
     pub fn check(&self, value: &ParamValue) -> Result<ParamValue, String> {
         let v = match (&self.default, value) {
             (ParamValue::Double(_), ParamValue::Int(i)) => ParamValue::Double(*i as f64),
+            (ParamValue::DoubleArray(_), ParamValue::StringArray(a)) if a.is_empty() => ParamValue::DoubleArray(vec![]),
+            (ParamValue::StringArray(_), ParamValue::DoubleArray(a)) if a.is_empty() => ParamValue::StringArray(vec![]),
             (d, v) if std::mem::discriminant(d) == std::mem::discriminant(v) => v.clone(),
             (d, v) => {
                 return Err(format!(
@@ -86,13 +106,15 @@ impl ParamSpec {
             }
         };
         if let Some((lo, hi)) = self.range {
-            let x = match &v {
-                ParamValue::Int(i) => *i as f64,
-                ParamValue::Double(d) => *d,
+            let xs: Vec<f64> = match &v {
+                ParamValue::Int(i) => vec![*i as f64],
+                ParamValue::Double(d) => vec![*d],
+                ParamValue::DoubleArray(a) => a.clone(),
                 _ => return Ok(v),
             };
-            if !(x >= lo && x <= hi) {
-                return Err(format!("parameter '{}' = {v} is outside [{lo}, {hi}]", self.name));
+            if xs.iter().any(|&x| !(x >= lo && x <= hi)) {
+                let each = if matches!(v, ParamValue::DoubleArray(_)) { " (each element)" } else { "" };
+                return Err(format!("parameter '{}' = {v} is outside [{lo}, {hi}]{each}", self.name));
             }
         }
         Ok(v)
@@ -102,7 +124,8 @@ impl ParamSpec {
     pub fn full_description(&self) -> String {
         let mut s = self.description.clone();
         if let Some((lo, hi)) = self.range {
-            s.push_str(&format!(" Range [{lo}, {hi}]."));
+            let each = if matches!(self.default, ParamValue::DoubleArray(_)) { " (each element)" } else { "" };
+            s.push_str(&format!(" Range [{lo}, {hi}]{each}."));
         }
         if self.read_only {
             s.push_str(" Read-only at run time.");
@@ -112,10 +135,14 @@ impl ParamSpec {
 }
 
 /// A snapshot of the current parameter values. `generation` grows at every accepted change.
+/// `explicit` names the parameters given a value (command line, params file, set_parameters), as
+/// opposed to those still at their declared default: a stage overlays only these on its own
+/// configuration file.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Params {
     pub values: BTreeMap<String, ParamValue>,
     pub generation: u64,
+    pub explicit: std::collections::BTreeSet<String>,
 }
 
 impl Params {
@@ -146,6 +173,9 @@ impl Params {
             ParamValue::Str(v) => Some(v),
             _ => None,
         }
+    }
+    pub fn is_explicit(&self, name: &str) -> bool {
+        self.explicit.contains(name)
     }
 }
 
@@ -216,31 +246,13 @@ pub trait Stage: Send + 'static {
     fn stats(&self) -> Vec<(String, String)> {
         Vec::new()
     }
-}
 
-/// Checks a decoded PointCloud2 the way `cloud::gather` does, without copying any point: the
-/// layout (x/y/z present, known datatypes, every field inside point_step) and the sizes (row_step
-/// covers a row, data covers every point).
-pub fn validate_cloud(msg: &PointCloud2<'_>) -> Result<PointLayout, CloudError> {
-    let layout = PointLayout::new(msg.fields.clone(), msg.point_step, msg.is_bigendian)?;
-    let points = msg.num_points();
-    if points > 0 && msg.point_step == 0 {
-        return Err(CloudError::ZeroPointStep { points });
+    /// After a successful `configure`: parameter values the stage actually uses where they differ
+    /// from what it was given (e.g. taken from its configuration file), so that get_parameters
+    /// reports the values in effect.
+    fn effective_params(&self) -> Vec<(String, ParamValue)> {
+        Vec::new()
     }
-    let min_row = (msg.width as u64)
-        .checked_mul(msg.point_step as u64)
-        .ok_or(CloudError::Overflow { what: "width * point_step" })?;
-    if msg.height > 0 && (msg.row_step as u64) < min_row {
-        return Err(CloudError::RowStepTooSmall { row_step: msg.row_step, width: msg.width, point_step: msg.point_step });
-    }
-    let need = (msg.row_step as u64)
-        .checked_mul(msg.height as u64)
-        .ok_or(CloudError::Overflow { what: "row_step * height" })?;
-    let need_exact = if msg.height == 0 { 0 } else { need - msg.row_step as u64 + min_row };
-    if (msg.data.len() as u64) < need_exact {
-        return Err(CloudError::DataTooShort { data_len: msg.data.len(), row_step: msg.row_step, height: msg.height, need });
-    }
-    Ok(layout)
 }
 
 /// A short name for the kind of malformation, used as a /diagnostics key suffix.
@@ -329,6 +341,7 @@ impl Stage for RelayStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::validate as validate_cloud;
     use crate::cloud::{Datatype, PointField};
     use std::borrow::Cow;
 

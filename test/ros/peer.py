@@ -1,16 +1,28 @@
 #!/usr/bin/env python3
-"""rclpy peer for the lidar_kernels node tests (run by test/ros/run.sh, in the ros-env venv).
+"""rclpy peer for the lidar_kernels node tests (run by test/ros/run.sh in the ros-env venv).
 
-Publishes PointCloud2 clouds built from data/ouster/*.bin (6 float32 LE per point: x y z
-reflectivity ring t) in two layouts, the ouster-ros driver's 48-byte point and packed xyzi; listens
-to the node's output and /diagnostics; sends malformed clouds and checks that they are counted and
-that the node goes on; exercises the parameter services. Never sleeps for discovery: it waits until
-the publisher sees the node's subscription, then until the first output arrives.
+Modes:
+  outputs   The nodes given with --node KIND=FQN (pipeline, voxelizer, sampler, neighbors) all
+            subscribe to --input. The peer publishes every scan of the sample bag twice, first the
+            bag's own CDR bytes (the Ouster driver's 48-byte point), then converted to packed xyzi,
+            and checks every output of every node against the `lidar-kernels replay` output bag of
+            the same scans and configuration (--expected): same header, counts, coordinates,
+            indices (the ouster round byte-identical). Then, against the first node: malformed
+            clouds counted by kind in /diagnostics and the node goes on; a burst through the
+            latest-wins queue; parameter services (describe, set with range / read-only, a set that
+            changes the output).
+  nms       Box records to the nms node; kept boxes and the MarkerArray checked.
+  diag      Waits for /diagnostics from every --node and checks --expect KEY=VALUE-PREFIX there.
+  latency   One scan (--scan), sent --repeat times, one at a time; prints the end-to-end time seen
+            here and the node's receive_to_publish / process times from /diagnostics as JSON.
 
+Never sleeps for discovery: waits until the publisher sees the subscriptions and outputs arrive.
 Prints one line per check and ends with 'N passed, N failed'; exit status 1 on any failure.
 """
 
 import argparse
+import json
+import math
 import os
 import sys
 import time
@@ -19,94 +31,148 @@ import numpy as np
 import rclpy
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy
-from rclpy.serialization import serialize_message
+from rclpy.serialization import serialize_message, deserialize_message
 from sensor_msgs.msg import PointCloud2, PointField
 from diagnostic_msgs.msg import DiagnosticArray
+from visualization_msgs.msg import MarkerArray, Marker
 from rcl_interfaces.msg import Parameter, ParameterValue, ParameterType
 from rcl_interfaces.srv import DescribeParameters, GetParameters, SetParameters
 
-F32, U16, U32 = PointField.FLOAT32, PointField.UINT16, PointField.UINT32
+F32, U16, U32, I32 = PointField.FLOAT32, PointField.UINT16, PointField.UINT32, PointField.INT32
 NP = {PointField.INT8: 'i1', PointField.UINT8: 'u1', PointField.INT16: 'i2', PointField.UINT16: 'u2',
       PointField.INT32: 'i4', PointField.UINT32: 'u4', PointField.FLOAT32: 'f4', PointField.FLOAT64: 'f8'}
-
-
-def load_bin(path):
-    v = np.fromfile(path, dtype='<f4')
-    assert v.size % 6 == 0, path
-    return v.reshape(-1, 6)  # x y z reflectivity ring t
+TOPICS = {'pipeline': ['voxels', 'downsampled', 'samples', 'neighborhoods'], 'voxelizer': ['voxels', 'downsampled'],
+          'sampler': ['samples'], 'neighbors': ['neighborhoods'], 'nms': ['boxes']}
+XYZI_OFFSET_NS = 1000 * 1_000_000_000  # stamps of the xyzi round: the bag's + 1000 s
 
 
 def field(name, offset, dt):
     return PointField(name=name, offset=offset, datatype=dt, count=1)
 
 
-def make_cloud(pts, layout, stamp_ns, frame_id='os_lidar'):
-    """pts: (n, 6) array. layout: 'ouster' (48-byte ouster_ros::Point) or 'xyzi' (16-byte)."""
-    n = pts.shape[0]
-    if layout == 'ouster':
-        dt = np.dtype({'names': ['x', 'y', 'z', 'intensity', 't', 'reflectivity', 'ring', 'ambient', 'range'],
-                       'formats': ['<f4', '<f4', '<f4', '<f4', '<u4', '<u2', '<u2', '<u2', '<u4'],
-                       'offsets': [0, 4, 8, 16, 20, 24, 26, 28, 32], 'itemsize': 48})
-        fields = [field('x', 0, F32), field('y', 4, F32), field('z', 8, F32), field('intensity', 16, F32),
-                  field('t', 20, U32), field('reflectivity', 24, U16), field('ring', 26, U16),
-                  field('ambient', 28, U16), field('range', 32, U32)]
-        a = np.zeros(n, dtype=dt)
-        a['intensity'] = pts[:, 3]
-        a['t'] = np.round(pts[:, 5] * 1e9).astype('<u4')
-        a['reflectivity'] = pts[:, 3].astype('<u2')
-        a['ring'] = pts[:, 4].astype('<u2')
-        a['range'] = np.round(np.linalg.norm(pts[:, :3], axis=1) * 1000).astype('<u4')
-    else:
-        dt = np.dtype({'names': ['x', 'y', 'z', 'intensity'], 'formats': ['<f4'] * 4,
-                       'offsets': [0, 4, 8, 12], 'itemsize': 16})
-        fields = [field('x', 0, F32), field('y', 4, F32), field('z', 8, F32), field('intensity', 12, F32)]
-        a = np.zeros(n, dtype=dt)
-        a['intensity'] = pts[:, 3]
-    a['x'], a['y'], a['z'] = pts[:, 0], pts[:, 1], pts[:, 2]
+def stamp_ns(msg):
+    return msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+
+
+def set_stamp(msg, ns):
+    msg.header.stamp.sec = int(ns // 1_000_000_000)
+    msg.header.stamp.nanosec = int(ns % 1_000_000_000)
+
+
+def values(msg, name):
+    f = {f.name: f for f in msg.fields}[name]
+    dt = np.dtype({'names': [name], 'formats': ['<' + NP[f.datatype]], 'offsets': [f.offset], 'itemsize': msg.point_step})
+    return np.frombuffer(bytes(msg.data), dtype=dt, count=msg.width * msg.height)[name]
+
+
+def to_xyzi(msg):
+    """The same points as packed float32 x y z intensity (16 bytes), stamp shifted."""
+    n = msg.width * msg.height
+    dt = np.dtype({'names': ['x', 'y', 'z', 'intensity'], 'formats': ['<f4'] * 4, 'offsets': [0, 4, 8, 12], 'itemsize': 16})
+    a = np.zeros(n, dtype=dt)
+    for k in ('x', 'y', 'z', 'intensity'):
+        a[k] = values(msg, k)
+    out = PointCloud2()
+    out.header.frame_id = msg.header.frame_id
+    set_stamp(out, stamp_ns(msg) + XYZI_OFFSET_NS)
+    out.height, out.width = 1, n
+    out.fields = [field('x', 0, F32), field('y', 4, F32), field('z', 8, F32), field('intensity', 12, F32)]
+    out.is_bigendian = False
+    out.point_step, out.row_step = 16, 16 * n
+    out.data = a.tobytes()
+    out.is_dense = msg.is_dense
+    return out
+
+
+def small_cloud(n, ns, frame_id='lk_small'):
+    rng = np.random.default_rng(n)
+    pts = rng.uniform(-20, 20, size=(n, 4)).astype('<f4')
     msg = PointCloud2()
-    msg.header.stamp.sec = int(stamp_ns // 1_000_000_000)
-    msg.header.stamp.nanosec = int(stamp_ns % 1_000_000_000)
     msg.header.frame_id = frame_id
+    set_stamp(msg, ns)
     msg.height, msg.width = 1, n
-    msg.fields = fields
+    msg.fields = [field('x', 0, F32), field('y', 4, F32), field('z', 8, F32), field('intensity', 12, F32)]
     msg.is_bigendian = False
-    msg.point_step = dt.itemsize
-    msg.row_step = dt.itemsize * n
-    msg.data = a.tobytes()
+    msg.point_step, msg.row_step = 16, 16 * n
+    msg.data = pts.tobytes()
     msg.is_dense = True
     return msg
 
 
-def xyz_of(msg):
-    names = {f.name: f for f in msg.fields}
-    dt = np.dtype({'names': ['x', 'y', 'z'], 'formats': ['<' + NP[names[k].datatype] for k in 'xyz'],
-                   'offsets': [names[k].offset for k in 'xyz'], 'itemsize': msg.point_step})
-    a = np.frombuffer(bytes(msg.data), dtype=dt, count=msg.width * msg.height)
-    return np.stack([a['x'], a['y'], a['z']], axis=1).astype(np.float32)
+def read_bag(path):
+    """{topic: [(stamp_ns, raw CDR)]} of a rosbag2 folder (rosbags)."""
+    from rosbags.rosbag2 import Reader
+    out = {}
+    with Reader(path) as r:
+        for conn, _t, raw in r.messages():
+            m = deserialize_message(bytes(raw), PointCloud2)
+            out.setdefault(conn.topic, []).append((stamp_ns(m), bytes(raw)))
+    return out
 
 
-def stamp_ns(msg):
-    return msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+def compare(got, exp, same_layout):
+    """None when equal, else the first difference."""
+    if got.header.frame_id != exp.header.frame_id:
+        return f'frame_id {got.header.frame_id!r} != {exp.header.frame_id!r}'
+    if (got.height, got.width) != (exp.height, exp.width):
+        return f'shape {got.height}x{got.width} != {exp.height}x{exp.width}'
+    gnames, enames = [f.name for f in got.fields], [f.name for f in exp.fields]
+    if same_layout:
+        if gnames != enames or got.point_step != exp.point_step:
+            return f'fields {gnames} != {enames}'
+        if bytes(got.data) != bytes(exp.data):
+            return 'data bytes differ'
+        return None
+    for name in [n for n in enames if n in gnames]:
+        g, e = values(got, name), values(exp, name)
+        if g.dtype.kind == 'f':
+            same = np.array_equal(g.astype('f8'), e.astype('f8'), equal_nan=True)
+        else:
+            same = np.array_equal(g.astype('i8'), e.astype('i8'))
+        if not same:
+            return f'field {name} differs'
+    if not {'x', 'y', 'z'} <= set(gnames):
+        return f'no x/y/z in {gnames}'
+    return None
 
 
 class Peer(Node):
     def __init__(self, args):
         super().__init__('lk_test_peer')
         self.args = args
-        qos_in = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-        self.pub = self.create_publisher(PointCloud2, args.input, qos_in)
-        qos_out = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-        self.outputs = []
-        self.create_subscription(PointCloud2, args.output, self.outputs.append, qos_out)
-        self.diags = []
-        self.create_subscription(DiagnosticArray, '/diagnostics', self.on_diag, 10)
         self.passed = 0
         self.failed = 0
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        self.qos = qos
+        self.pub = self.create_publisher(PointCloud2, args.input, qos) if args.input else None
+        self.nodes = []  # (kind, fqn)
+        for spec in args.node:
+            kind, fqn = spec.split('=', 1)
+            self.nodes.append((kind, fqn))
+        self.outputs = {}  # (fqn, topic) -> {stamp: (msg, t_received)}
+        self.markers = {}  # fqn -> {stamp: MarkerArray}
+        if args.mode in ('outputs', 'nms', 'latency'):
+            for kind, fqn in self.nodes:
+                for t in TOPICS[kind]:
+                    key = (fqn, t)
+                    self.outputs[key] = {}
+                    self.create_subscription(PointCloud2, f'{fqn}/{t}', self._store(key), qos)
+                if kind == 'nms':
+                    self.markers[fqn] = {}
+                    self.create_subscription(MarkerArray, f'{fqn}/markers',
+                                             lambda m, f=fqn: self.markers[f].__setitem__(stamp_ns(m.markers[-1]) if m.markers else 0, m), qos)
+        self.diags = {}  # fqn -> [(level, message, {k: v})]
+        self.create_subscription(DiagnosticArray, '/diagnostics', self.on_diag, 50)
+
+    def _store(self, key):
+        def cb(msg):
+            self.outputs[key][stamp_ns(msg)] = (msg, time.monotonic())
+        return cb
 
     def on_diag(self, msg):
         for s in msg.status:
-            if s.name.startswith(self.args.node_fqn + ':'):
-                self.diags.append((s.level, s.message, {kv.key: kv.value for kv in s.values}))
+            fqn = s.name.split(':', 1)[0]
+            self.diags.setdefault(fqn, []).append((s.level, s.message, {kv.key: kv.value for kv in s.values}))
 
     def check(self, ok, what):
         print(('PASS ' if ok else 'FAIL ') + what, flush=True)
@@ -121,32 +187,30 @@ class Peer(Node):
         while time.monotonic() < deadline:
             if cond():
                 return True
-            rclpy.spin_once(self, timeout_sec=0.05)
+            rclpy.spin_once(self, timeout_sec=0.02)
         return cond()
 
-    def output_with_stamp(self, ns):
-        for m in self.outputs:
-            if stamp_ns(m) == ns:
-                return m
-        return None
+    def latest_diag(self, fqn):
+        d = self.diags.get(fqn)
+        return d[-1][2] if d else {}
 
-    def send_and_wait(self, msg, timeout=15.0, resend=3.0):
-        """Publishes msg until an output with its stamp arrives (best effort may lose one)."""
-        ns = stamp_ns(msg)
+    def wait_diag(self, fqn, cond, timeout=10.0):
+        start = len(self.diags.get(fqn, []))
+        return self.spin_until(lambda: any(cond(d[2]) for d in self.diags.get(fqn, [])[start:]), timeout)
+
+    def have_all(self, ns, keys):
+        return all(ns in self.outputs[k] for k in keys)
+
+    def send_and_wait(self, msg, keys, timeout=60.0, resend=20.0):
+        """Publishes msg (object or raw CDR bytes) until every output key has its stamp."""
+        ns = stamp_ns(msg if not isinstance(msg, bytes) else deserialize_message(msg, PointCloud2))
         deadline = time.monotonic() + timeout
-        t0 = time.monotonic()
         while time.monotonic() < deadline:
+            t0 = time.monotonic()
             self.pub.publish(msg)
-            if self.spin_until(lambda: self.output_with_stamp(ns) is not None, min(resend, deadline - time.monotonic())):
-                return self.output_with_stamp(ns), time.monotonic() - t0
-        return None, None
-
-    def latest_diag(self):
-        return self.diags[-1][2] if self.diags else {}
-
-    def wait_diag(self, cond, timeout=10.0):
-        start = len(self.diags)
-        return self.spin_until(lambda: any(cond(d[2]) for d in self.diags[start:]), timeout)
+            if self.spin_until(lambda: self.have_all(ns, keys), min(resend, deadline - time.monotonic())):
+                return ns, t0
+        return ns, None
 
     def call(self, srv_type, name, req, timeout=10.0):
         cli = self.create_client(srv_type, name)
@@ -156,130 +220,257 @@ class Peer(Node):
         self.spin_until(fut.done, timeout)
         return fut.result() if fut.done() else None
 
+    def set_param(self, fqn, name, value):
+        r = self.call(SetParameters, f'{fqn}/set_parameters', SetParameters.Request(parameters=[Parameter(name=name, value=value)]))
+        return r.results[0] if r else None
+
+    def wait_matched(self, count):
+        t0 = time.monotonic()
+        ok = self.spin_until(lambda: self.pub.get_subscription_count() >= count, 30.0)
+        self.check(ok, f'input publisher matched {self.pub.get_subscription_count()}/{count} node subscriptions '
+                       f'({time.monotonic() - t0:.2f} s)')
+        return ok
+
+
+def int_value(v):
+    return ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=v)
+
+
+def run_outputs(peer, args):
+    if not peer.wait_matched(len(peer.nodes)):
+        return
+    scans = read_bag(args.bag)
+    (in_topic, frames), = [(t, v) for t, v in scans.items()]
+    expected = {t.rsplit('/', 1)[-1]: {ns: deserialize_message(raw, PointCloud2) for ns, raw in v}
+                for t, v in read_bag(args.expected).items()}
+    print(f'{len(frames)} scans from {args.bag} ({in_topic}); expected topics {sorted(expected)}', flush=True)
+    keys = list(peer.outputs)
+
+    # 1. Every scan, both layouts, every node's outputs vs replay.
+    for layout in ('ouster', 'xyzi'):
+        for ns0, raw in frames:
+            src = deserialize_message(raw, PointCloud2)
+            msg = raw if layout == 'ouster' else to_xyzi(src)
+            ns, t0 = peer.send_and_wait(msg, keys)
+            what = f'{layout} scan {ns0} ({src.width * src.height} points)'
+            if not peer.check(t0 is not None, f'{what}: every output of {len(peer.nodes)} nodes received'):
+                continue
+            for (fqn, topic) in keys:
+                got = peer.outputs[(fqn, topic)][ns][0]
+                exp = expected[topic].get(ns0)
+                if exp is None:
+                    peer.check(False, f'{what}: {fqn}/{topic}: no replay output at this stamp')
+                    continue
+                same_layout = layout == 'ouster' or topic in ('voxels', 'neighborhoods')
+                diff = compare(got, exp, same_layout)
+                stamp_ok = stamp_ns(got) == ns
+                peer.check(diff is None and stamp_ok,
+                           f'{what}: {fqn}/{topic} {got.height}x{got.width} == replay'
+                           f"{' (bytes)' if same_layout else ' (fields ' + ','.join(f.name for f in got.fields) + ')'}"
+                           + ('' if diff is None else f': {diff}') + ('' if stamp_ok else ': stamp changed'))
+
+    fqn = peer.nodes[0][1]
+    # 2. Malformed clouds: counted by kind in /diagnostics, node survives.
+    base = 1_800_000_000_000_000_000
+    good = small_cloud(1000, base)
+    truncated = small_cloud(1000, base + 1)
+    truncated.data = bytes(truncated.data)[:-16 * 10]
+    short_step = small_cloud(1000, base + 2)
+    short_step.point_step = 8  # z (offset 8) and intensity end past point_step
+    short_step.row_step = 8 * 1000
+    short_step.data = bytes(short_step.data)[:8000]
+    no_x = small_cloud(1000, base + 3)
+    no_x.fields = [f for f in no_x.fields if f.name != 'x']
+    raw = serialize_message(good)[:200]  # CDR cut inside the point blob
+    peer.spin_until(lambda: bool(peer.latest_diag(fqn)), 5.0)
+    before = peer.latest_diag(fqn)
+    peer.check(bool(before), f'/diagnostics received from {fqn}')
+    m0 = int(before.get('malformed', '0'))
+    for m in (truncated, short_step, no_x, raw):
+        peer.pub.publish(m)
+        peer.spin_until(lambda: False, 0.05)  # keep the latest-wins queue from merging them
+    kinds = ['malformed.data_too_short', 'malformed.field_past_point_step', 'malformed.missing_field', 'malformed.cdr']
+    got = peer.wait_diag(fqn, lambda d: int(d.get('malformed', '0')) >= m0 + 4 and all(k in d for k in kinds), 15.0)
+    d = peer.latest_diag(fqn)
+    peer.check(got, 'malformed clouds counted: ' + ', '.join(f'{k}={d.get(k)}' for k in ['malformed'] + kinds))
+    peer.check(any(lvl in (1, b'\x01') for lvl, _, _ in peer.diags.get(fqn, [])), 'diagnostics level WARN after malformed clouds')
+    ns, t0 = peer.send_and_wait(good, [(fqn, 'samples')], timeout=30.0)
+    peer.check(t0 is not None, 'node still processes good clouds after malformed ones')
+
+    # 3. Burst: the latest-wins queue drops (and counts) rather than blocking; books balance.
+    burst = []
+    for k in range(12):
+        m = to_xyzi(deserialize_message(frames[k % len(frames)][1], PointCloud2))
+        set_stamp(m, base + 1_000_000_000 + k)
+        burst.append(m)
+    for m in burst:
+        peer.pub.publish(m)
+    last = stamp_ns(burst[-1])
+    peer.spin_until(lambda: last in peer.outputs[(fqn, 'samples')], 60.0)
+
+    def balanced(d):
+        return (d.get('queue_waiting') == '0' and int(d['received']) ==
+                int(d['processed']) + int(d['malformed']) + int(d['dropped_queue_full']))
+    ok_books = peer.wait_diag(fqn, balanced, 15.0)
+    d = peer.latest_diag(fqn)
+    peer.check(ok_books, f"books balance after a burst: received {d.get('received')} = processed {d.get('processed')}"
+               f" + malformed {d.get('malformed')} + dropped {d.get('dropped_queue_full')}")
+    peer.check(last in peer.outputs[(fqn, 'samples')], 'newest cloud of the burst processed (latest wins)')
+    peer.check(int(d.get('dropped_queue_full', '0')) > 0, f"burst of 12 scans: {d.get('dropped_queue_full')} waiting clouds dropped")
+    peer.check('pipeline.fps_p50_ms' in d and 'receive_to_publish_p50_ms' in d,
+               f"stage timings in diagnostics: fps p50 {d.get('pipeline.fps_p50_ms')} ms, receive->publish p50 "
+               f"{d.get('receive_to_publish_p50_ms')} ms, backend {d.get('backend')!r}")
+
+    # 4. Parameters: described with range, range / read-only enforced, a change applied.
+    r = peer.call(DescribeParameters, f'{fqn}/describe_parameters',
+                  DescribeParameters.Request(names=['fps.num_samples', 'backend', 'voxelize.voxel_size']))
+    desc = [x.description for x in r.descriptors] if r else []
+    types = [x.type for x in r.descriptors] if r else []
+    peer.check(len(desc) == 3 and 'Range [1, 2147483647]' in desc[0] and 'Read-only' in desc[1]
+               and types[2] == ParameterType.PARAMETER_DOUBLE_ARRAY, f'describe_parameters: {desc}')
+    r = peer.call(GetParameters, f'{fqn}/get_parameters', GetParameters.Request(names=['voxelize.voxel_size', 'config_file']))
+    peer.check(r is not None and list(r.values[0].double_array_value) == [0.16, 0.16, 10.0],
+               f"get voxelize.voxel_size = {list(r.values[0].double_array_value) if r else None} (config_file {r.values[1].string_value if r else None!r})")
+    r = peer.set_param(fqn, 'fps.num_samples', int_value(0))
+    peer.check(r is not None and not r.successful, f'set fps.num_samples:=0 rejected ({r.reason if r else None})')
+    r = peer.set_param(fqn, 'backend', ParameterValue(type=ParameterType.PARAMETER_STRING, string_value='cpu'))
+    peer.check(r is not None and not r.successful, f'set backend at run time rejected ({r.reason if r else None})')
+    r = peer.set_param(fqn, 'fps.num_samples', int_value(123))
+    peer.check(r is not None and r.successful, 'set fps.num_samples:=123 accepted')
+    msg = small_cloud(5000, base + 3_000_000_000)
+    ns, t0 = peer.send_and_wait(msg, [(fqn, 'samples')], timeout=30.0)
+    out = peer.outputs[(fqn, 'samples')].get(ns, (None,))[0]
+    peer.check(out is not None and out.width * out.height == 123, f'fps.num_samples change applied: {out.width if out else None} samples')
+
+
+def run_nms(peer, args):
+    if not peer.wait_matched(1):
+        return
+    fqn = peer.nodes[0][1]
+    # Pairs of identical boxes (IoU 1: the lower score is suppressed) far apart from each other.
+    rng = np.random.default_rng(7)
+    n_pairs = 40
+    boxes = []
+    for k in range(n_pairs):
+        x, y = (k % 8) * 20.0, (k // 8) * 20.0
+        l, w, h = rng.uniform(1, 5), rng.uniform(1, 3), rng.uniform(1, 2)
+        yaw = rng.uniform(-math.pi, math.pi)
+        s = rng.uniform(0.5, 1.0)
+        boxes.append((x, y, 0.5, l, w, h, yaw, s, k % 3))
+        boxes.append((x, y, 0.5, l, w, h, yaw, s * 0.5, k % 3))
+    order = rng.permutation(len(boxes))
+    arr = np.array([boxes[i] for i in order], dtype='f8')
+    names = ['x', 'y', 'z', 'length', 'width', 'height', 'yaw', 'score', 'label']
+    dt = np.dtype({'names': names, 'formats': ['<f4'] * 8 + ['<i4'], 'offsets': [4 * i for i in range(9)], 'itemsize': 36})
+    a = np.zeros(len(arr), dtype=dt)
+    for i, n in enumerate(names):
+        a[n] = arr[:, i]
+    msg = PointCloud2()
+    msg.header.frame_id = 'lk_boxes_frame'
+    set_stamp(msg, 1_700_000_123_000_000_007)
+    msg.height, msg.width = 1, len(a)
+    msg.fields = [field(n, 4 * i, F32) for i, n in enumerate(names[:8])] + [field('label', 32, I32)]
+    msg.point_step, msg.row_step = 36, 36 * len(a)
+    msg.data = a.tobytes()
+    msg.is_dense = True
+    ns, t0 = peer.send_and_wait(msg, [(fqn, 'boxes')], timeout=30.0, resend=3.0)
+    if not peer.check(t0 is not None, f'kept boxes received for {len(a)} box records'):
+        return
+    out = peer.outputs[(fqn, 'boxes')][ns][0]
+    peer.check(out.header.frame_id == 'lk_boxes_frame' and stamp_ns(out) == ns, 'boxes: header kept')
+    want = sorted([b for i, b in enumerate(boxes) if i % 2 == 0], key=lambda b: -b[7])
+    got = np.stack([values(out, n).astype('f8') for n in names], axis=1) if out.width else np.zeros((0, 9))
+    exp = np.array(want, dtype='f4').astype('f8')
+    peer.check(got.shape == exp.shape and np.array_equal(got, exp),
+               f'boxes: {got.shape[0]} kept == the {exp.shape[0]} higher-score boxes of each pair, in score order')
+    peer.spin_until(lambda: len(peer.markers[fqn]) > 0, 10.0)
+    ma = next(iter(peer.markers[fqn].values()), None)
+    if not peer.check(ma is not None, 'MarkerArray received (deserialized by rclpy)'):
+        return
+    ms = ma.markers
+    ok = len(ms) == len(want) + 1 and ms[0].action == Marker.DELETEALL
+    peer.check(ok, f'markers: DELETEALL + {len(ms) - 1} CUBE markers for {len(want)} kept boxes')
+    bad = []
+    for i, (m, b) in enumerate(zip(ms[1:], exp)):
+        yaw = b[6]
+        q = (0.0, 0.0, math.sin(yaw / 2), math.cos(yaw / 2))
+        checks = [m.type == Marker.CUBE, m.action == Marker.ADD, m.id == i, m.ns == ms[0].ns, m.header.frame_id == 'lk_boxes_frame',
+                  stamp_ns(m) == ns, np.allclose([m.pose.position.x, m.pose.position.y, m.pose.position.z], b[:3]),
+                  np.allclose([m.scale.x, m.scale.y, m.scale.z], b[3:6]),
+                  np.allclose([m.pose.orientation.x, m.pose.orientation.y, m.pose.orientation.z, m.pose.orientation.w], q, atol=1e-6),
+                  0 < m.color.a <= 1]
+        if not all(checks):
+            bad.append(i)
+    peer.check(ok and not bad, f'markers: pose (quaternion from yaw), scale, id, ns {ms[0].ns!r}, header match the kept boxes'
+               + (f' (bad: {bad[:5]})' if bad else ''))
+
+
+def run_diag(peer, args):
+    want = dict(e.split('=', 1) for e in args.expect)
+
+    def good(fqn):
+        return any(all(d[2].get(k, '').startswith(v) for k, v in want.items()) for d in peer.diags.get(fqn, []))
+    t0 = time.monotonic()
+    peer.spin_until(lambda: all(good(fqn) for _, fqn in peer.nodes), args.timeout)
+    print(f'{args.label}: waited {time.monotonic() - t0:.2f} s for {len(peer.nodes)} nodes', flush=True)
+    for kind, fqn in peer.nodes:
+        ok = good(fqn)
+        d = peer.latest_diag(fqn)
+        peer.check(ok, f"{args.label}: {fqn} publishes /diagnostics with " + ', '.join(f'{k}={d.get(k)!r}' for k in want))
+
+
+def run_latency(peer, args):
+    if not peer.wait_matched(1):
+        return
+    kind, fqn = peer.nodes[0]
+    keys = [(fqn, t) for t in TOPICS[kind]]
+    frames = read_bag(args.bag)
+    (_, scans), = frames.items()
+    src = deserialize_message(scans[args.scan][1], PointCloud2)
+    e2e = []
+    for k in range(args.warmup + args.repeat):
+        m = to_xyzi(src) if args.layout == 'xyzi' else deserialize_message(scans[args.scan][1], PointCloud2)
+        set_stamp(m, 1_900_000_000_000_000_000 + k)
+        ns, t0 = peer.send_and_wait(m, keys, timeout=60.0, resend=60.0)
+        if t0 is None:
+            peer.check(False, f'latency: no output for repeat {k}')
+            return
+        if k >= args.warmup:
+            e2e.append((max(peer.outputs[key][ns][1] for key in keys) - t0) * 1e3)
+    peer.spin_until(lambda: False, 1.2)  # one more diagnostics period
+    d = peer.latest_diag(fqn)
+    res = {'node': kind, 'points': src.width * src.height, 'layout': args.layout, 'repeat': args.repeat,
+           'e2e_p50_ms': float(np.percentile(e2e, 50)), 'e2e_min_ms': float(min(e2e)), 'e2e_max_ms': float(max(e2e)),
+           'node_receive_to_publish_p50_ms': float(d.get('receive_to_publish_p50_ms', 'nan')),
+           'node_process_ms_mean': float(d.get('process_ms_mean', 'nan')),
+           'stages_p50_ms': {k[len('pipeline.'):-len('_p50_ms')]: float(v) for k, v in d.items()
+                             if k.startswith('pipeline.') and k.endswith('_p50_ms')},
+           'backend': d.get('backend')}
+    print('LATENCY ' + json.dumps(res), flush=True)
+    peer.check(len(e2e) == args.repeat, f"latency {kind}: e2e p50 {res['e2e_p50_ms']:.1f} ms, node receive->publish p50 "
+               f"{res['node_receive_to_publish_p50_ms']:.1f} ms")
+
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--input', required=True)
-    ap.add_argument('--output', required=True)
-    ap.add_argument('--node-fqn', required=True, help='e.g. /lk_test_node')
-    ap.add_argument('--data', default=os.path.join(os.path.dirname(__file__), '..', '..', 'data', 'ouster'))
-    ap.add_argument('--big', action='store_true', help='also send a full OS1-128 scan (5 MB, ouster layout)')
-    ap.add_argument('--quick', action='store_true', help='discovery, one small cloud, QoS report only')
-    ap.add_argument('--expect-qos', default=None, help="expected 'input_qos' diagnostics value prefix")
-    ap.add_argument('--expect-drops', action='store_true', help='the node is slowed (relay_delay_ms): the burst must drop')
+    ap.add_argument('mode', choices=['outputs', 'nms', 'diag', 'latency'])
+    ap.add_argument('--input', default=None, help='topic the nodes subscribe to')
+    ap.add_argument('--node', action='append', default=[], help='KIND=FQN, e.g. pipeline=/lk_pipeline (repeatable)')
+    ap.add_argument('--bag', help='input bag (lidar-kernels sample)')
+    ap.add_argument('--expected', help='lidar-kernels replay --out bag of --bag')
+    ap.add_argument('--expect', action='append', default=[], help='diag mode: KEY=VALUE-PREFIX')
+    ap.add_argument('--label', default='diag')
+    ap.add_argument('--timeout', type=float, default=20.0)
+    ap.add_argument('--scan', type=int, default=0)
+    ap.add_argument('--layout', default='ouster', choices=['ouster', 'xyzi'])
+    ap.add_argument('--repeat', type=int, default=20)
+    ap.add_argument('--warmup', type=int, default=3)
     args = ap.parse_args()
 
     rclpy.init()
     peer = Peer(args)
-    ok = True
     try:
-        # 1. Discovery: wait until our publisher is matched with the node's subscription.
-        t0 = time.monotonic()
-        matched = peer.spin_until(lambda: peer.pub.get_subscription_count() >= 1, 30.0)
-        peer.check(matched, f'input publisher matched the node subscription ({time.monotonic() - t0:.2f} s)')
-        if not matched:
-            return 1
-
-        small = load_bin(os.path.join(args.data, 'os1-32_scan0.bin'))
-        base = 1_700_000_000_000_000_000
-        # 2. First output (the node's publisher has matched our subscription once this arrives).
-        out, dt = peer.send_and_wait(make_cloud(small, 'xyzi', base), timeout=30.0, resend=1.0)
-        peer.check(out is not None, f'first output received ({dt if dt is None else round(dt, 3)} s)')
-        if out is None:
-            return 1
-
-        if args.expect_qos is not None:
-            got = peer.wait_diag(lambda d: d.get('input_qos', '').startswith(args.expect_qos), 5.0)
-            peer.check(got, f"input QoS reported: {peer.latest_diag().get('input_qos')}")
-        if args.quick:
-            return 0 if peer.failed == 0 else 1
-
-        # 3. Content: both layouts, several scans; x/y/z bit-identical, header kept, width kept.
-        cases = [('os1-32_scan0.bin', 'xyzi'), ('os1-32_scan0.bin', 'ouster'), ('os0-128_scan0.bin', 'xyzi')]
-        if args.big:
-            cases.append(('os1-128_scan0.bin', 'ouster'))
-        for i, (fname, layout) in enumerate(cases):
-            pts = load_bin(os.path.join(args.data, fname))
-            msg = make_cloud(pts, layout, base + (i + 1) * 100_000_000, frame_id=f'frame_{i}')
-            out, dt = peer.send_and_wait(msg)
-            what = f'{fname} as {layout} ({len(msg.data)} bytes)'
-            if not peer.check(out is not None, f'{what}: output received'):
-                continue
-            peer.check(out.header.frame_id == msg.header.frame_id, f'{what}: header kept')
-            peer.check(out.width * out.height == pts.shape[0], f'{what}: {out.width * out.height} points out of {pts.shape[0]}')
-            same = np.array_equal(xyz_of(out), pts[:, :3].astype(np.float32))
-            peer.check(same, f'{what}: x/y/z bit-identical (round trip {dt * 1e3:.1f} ms incl. publish)')
-            names = [f.name for f in out.fields]
-            peer.check('intensity' in names, f'{what}: output fields {names}')
-
-        # 4. Malformed clouds: counted by kind in /diagnostics, node survives.
-        good = make_cloud(small[:1000], 'xyzi', base + 10_000_000_000)
-        truncated = make_cloud(small[:1000], 'xyzi', base + 11_000_000_000)
-        truncated.data = bytes(truncated.data)[:-16 * 10]
-        short_step = make_cloud(small[:1000], 'xyzi', base + 12_000_000_000)
-        short_step.point_step = 8  # z (offset 8, 4 bytes) and intensity end past point_step
-        short_step.row_step = 8 * 1000
-        short_step.data = bytes(short_step.data)[:8000]
-        no_x = make_cloud(small[:1000], 'xyzi', base + 13_000_000_000)
-        no_x.fields = [f for f in no_x.fields if f.name != 'x']
-        raw = serialize_message(good)[:200]  # CDR cut inside the point blob
-        before = peer.latest_diag()
-        if not before:
-            peer.spin_until(lambda: bool(peer.diags), 5.0)
-            before = peer.latest_diag()
-        peer.check(bool(before), '/diagnostics received from the node')
-        m0 = int(before.get('malformed', '0'))
-        for m in (truncated, short_step, no_x):
-            peer.pub.publish(m)
-            peer.spin_until(lambda: False, 0.05)  # keep the latest-wins queue from merging them
-        peer.pub.publish(raw)
-        kinds = ['malformed.data_too_short', 'malformed.field_past_point_step', 'malformed.missing_field', 'malformed.cdr']
-        got = peer.wait_diag(lambda d: int(d.get('malformed', '0')) >= m0 + 4 and all(k in d for k in kinds), 15.0)
-        d = peer.latest_diag()
-        peer.check(got, 'malformed clouds counted: ' + ', '.join(f'{k}={d.get(k)}' for k in ['malformed'] + kinds))
-        peer.check(any(lvl in (1, b'\x01') for lvl, _, _ in peer.diags), 'diagnostics level WARN after malformed clouds')
-        out, _ = peer.send_and_wait(good)
-        peer.check(out is not None and out.width == 1000, 'node still processes good clouds after malformed ones')
-
-        # 5. Burst: the latest-wins queue drops (and counts) rather than blocking; books balance.
-        burst = [make_cloud(small, 'ouster', base + 20_000_000_000 + k) for k in range(30)]
-        for m in burst:
-            peer.pub.publish(m)
-        last = stamp_ns(burst[-1])
-        peer.spin_until(lambda: peer.output_with_stamp(last) is not None, 20.0)
-
-        def balanced(d):
-            return (d.get('queue_waiting') == '0' and int(d['received']) ==
-                    int(d['processed']) + int(d['malformed']) + int(d['dropped_queue_full']))
-        ok_books = peer.wait_diag(balanced, 10.0)
-        d = peer.latest_diag()
-        peer.check(ok_books, f"books balance after a burst: received {d.get('received')} = processed {d.get('processed')}"
-                   f" + malformed {d.get('malformed')} + dropped {d.get('dropped_queue_full')}")
-        peer.check(peer.output_with_stamp(last) is not None, 'newest cloud of the burst processed (latest wins)')
-        if args.expect_drops:
-            peer.check(int(d.get('dropped_queue_full', '0')) > 0, f"slow stage: burst dropped {d.get('dropped_queue_full')} "
-                       f"waiting clouds, got {sum(1 for m in peer.outputs if stamp_ns(m) >= stamp_ns(burst[0]))} outputs")
-
-        # 6. Parameters: described with range, range and read-only enforced.
-        node = args.node_fqn
-        r = peer.call(DescribeParameters, f'{node}/describe_parameters',
-                      DescribeParameters.Request(names=['queue_size', 'reliable']))
-        desc = [x.description for x in r.descriptors] if r else []
-        peer.check(len(desc) == 2 and 'Range [1, 64]' in desc[0] and 'Read-only' in desc[1], f'describe_parameters: {desc}')
-
-        def setp(name, value):
-            p = Parameter(name=name, value=value)
-            r = peer.call(SetParameters, f'{node}/set_parameters', SetParameters.Request(parameters=[p]))
-            return r.results[0] if r else None
-        r = setp('queue_size', ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=2))
-        peer.check(r is not None and r.successful, 'set queue_size:=2 accepted')
-        r = setp('queue_size', ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=0))
-        peer.check(r is not None and not r.successful, f'set queue_size:=0 rejected ({r.reason if r else None})')
-        r = setp('reliable', ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=True))
-        peer.check(r is not None and not r.successful, f'set reliable at run time rejected ({r.reason if r else None})')
-        r = peer.call(GetParameters, f'{node}/get_parameters', GetParameters.Request(names=['queue_size']))
-        peer.check(r is not None and r.values[0].integer_value == 2, 'get queue_size == 2')
-        peer.check(peer.wait_diag(lambda d: d.get('queue_size') == '2', 5.0), 'queue_size change applied (diagnostics)')
+        {'outputs': run_outputs, 'nms': run_nms, 'diag': run_diag, 'latency': run_latency}[args.mode](peer, args)
     finally:
         print(f'{peer.passed} passed, {peer.failed} failed', flush=True)
         ok = peer.failed == 0

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# ROS 2 node tests: builds the `ros` feature, runs the ros module's unit tests, starts a node as a
-# process, runs the rclpy peer against it (test/ros/peer.py), checks a clean Ctrl-C shutdown, and
-# checks that every node executable starts and stops cleanly.
+# ROS 2 node tests over real DDS (Fast DDS from the Jazzy PyPI wheels, see scripts/ros-env.sh):
+#  0. builds the `ros` feature (node executables + the lidar-kernels CLI), runs the ros unit tests;
+#  1. launch files / params files checked against src/bin and the nodes' declared parameters
+#     (test/ros/check_launch.py; `ros2 launch` is not installable here);
+#  2. expected outputs: `lidar-kernels sample` bag -> `lidar-kernels replay --config
+#     config/pipeline.yaml --backend cpu --out`;
+#  3. pipeline + voxelizer + sampler + neighbors as processes (reliable QoS) against the rclpy peer
+#     (test/ros/peer.py outputs): every output equal to the replay's for the Ouster 48-byte layout
+#     and packed xyzi; malformed clouds counted; burst; parameter services; clean SIGINT;
+#  4. nms: box records in, kept boxes + MarkerArray out (peer.py nms);
+#  5. each config/*.param.yaml accepted at start (pipeline and nms publish /diagnostics, backend
+#     auto -> cpu here); backend cuda refused with a clear message;
+#  6. every executable starts and stops cleanly; bad parameters refused at start naming the key.
 #
-#   bash test/ros/run.sh            # NODE=voxelizer by default; BIG=1 adds a 5 MB scan
-#   SKIP_UNIT=1 bash test/ros/run.sh
+#   bash test/ros/run.sh           SKIP_UNIT=1 skips the cargo unit tests
 #
-# Uses a unique ROS_DOMAIN_ID and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST; waits for conditions,
-# never for fixed discovery delays. Ends with 'N passed, N failed'.
+# Unique ROS_DOMAIN_ID, ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST; waits for conditions, never for
+# fixed discovery delays. Ends with 'ros tests: N passed, N failed'.
 set -eo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -16,20 +25,31 @@ cd "$root"
 source scripts/ros-env.sh
 set -u
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/ros}"
-NODE="${NODE:-voxelizer}"
 BINS=(voxelizer sampler neighbors nms pipeline)
 bindir="$CARGO_TARGET_DIR/release"
 logdir="$CARGO_TARGET_DIR/test-ros-logs"
-mkdir -p "$logdir"
+work="$CARGO_TARGET_DIR/test-ros-work"
+rm -rf "$logdir" "$work"
+mkdir -p "$logdir" "$work"
+T_START=$(date +%s)
 
 passed=0
 failed=0
-check() { # check OK_CONDITION_RC "what"
+section() { echo "==== $* ($(( $(date +%s) - T_START )) s)"; }
+check() { # check RC "what"
     if [ "$1" = 0 ]; then echo "PASS $2"; passed=$((passed + 1)); else echo "FAIL $2"; failed=$((failed + 1)); fi
+}
+count_peer() { # count_peer LOG RC: adds the peer's 'N passed, N failed'
+    local p f
+    p=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$1" | tail -1)
+    f=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$1" | tail -1)
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+    [ "$2" = 0 ] || [ "${f:-0}" != 0 ] || { echo "FAIL peer exited $2 ($1)"; failed=$((failed + 1)); }
 }
 
 t0=$(date +%s)
-cargo build --release --features ros $(printf -- '--bin %s ' "${BINS[@]}")
+cargo build --release --features ros $(printf -- '--bin %s ' "${BINS[@]}") --bin lidar-kernels
 echo "build: $(( $(date +%s) - t0 )) s"
 
 if [ "${SKIP_UNIT:-0}" != 1 ]; then
@@ -38,9 +58,14 @@ if [ "${SKIP_UNIT:-0}" != 1 ]; then
     echo "unit tests: $(( $(date +%s) - t0 )) s"
 fi
 
+# The peer reads bags with the `rosbags` package (same version as test/python).
+python -c 'import rosbags' 2>/dev/null ||
+    python -m pip install -q --disable-pip-version-check rosbags==0.11.9 -c "$LIDAR_KERNELS_ROS_WHEELS/.lidar_kernels_constraints.txt" 2>/dev/null ||
+    python -m pip install -q --disable-pip-version-check rosbags==0.11.9
+
 export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$(( 10 + $$ % 90 ))}"
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
-echo "ROS_DOMAIN_ID=$ROS_DOMAIN_ID RMW_IMPLEMENTATION=$RMW_IMPLEMENTATION"
+echo "ROS_DOMAIN_ID=$ROS_DOMAIN_ID RMW_IMPLEMENTATION=${RMW_IMPLEMENTATION:-}"
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; }
@@ -66,71 +91,132 @@ stop_node() { # stop_node PID TIMEOUT_S -> exit status of the node (124 if it ha
     return "$rc"
 }
 
-# 1. The node under test, against the peer: first with the default sensor-data QoS (best effort,
-#    small cloud), then reliable and slowed down (relay_delay_ms) for the full run, so that a burst
-#    must go through the latest-wins queue. Best effort over Fast DDS loses many >1 MB clouds here.
-run_peer() { # run_peer LABEL NODE_ARGS... -- PEER_ARGS...
-    local label=$1; shift
-    local nargs=() pargs=()
-    while [ "$1" != -- ]; do nargs+=("$1"); shift; done; shift
-    pargs=("$@")
-    local nodelog="$logdir/$NODE-$label.log"
-    "$bindir/$NODE" --ros-args -r points:=/lk_test/points -r __node:=lk_test_node \
-        -p malformed_log_period:=1.0 "${nargs[@]}" >"$nodelog" 2>&1 &
-    local npid=$!
-    pids+=("$npid")
-    wait_for_line "$nodelog" "input '" "$npid" 30
-    check $? "[$label] $NODE started"
-    set +e
-    python test/ros/peer.py --input /lk_test/points --output /lk_test_node/points --node-fqn /lk_test_node \
-        "${pargs[@]}" | tee "$logdir/peer-$label.log"
-    local prc=${PIPESTATUS[0]}
-    set -e
-    local p_pass p_fail
-    p_pass=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$logdir/peer-$label.log" | tail -1)
-    p_fail=$(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$logdir/peer-$label.log" | tail -1)
-    passed=$((passed + ${p_pass:-0}))
-    failed=$((failed + ${p_fail:-0}))
-    [ "$prc" = 0 ] || [ "${p_fail:-0}" != 0 ] || { echo "FAIL [$label] peer exited $prc"; failed=$((failed + 1)); }
-    kill -0 "$npid" 2>/dev/null
-    check $? "[$label] $NODE survived the peer"
-    if [ "$label" = full ]; then
-        local n_warn
-        n_warn=$(grep -c "malformed PointCloud2" "$nodelog" || true)
-        [ "$n_warn" -ge 1 ] && [ "$n_warn" -le 4 ]
-        check $? "[$label] malformed clouds logged, rate-limited ($n_warn log lines for 4 clouds)"
-    fi
-    local rc
-    set +e; stop_node "$npid" 10; rc=$?; set -e
-    check "$rc" "[$label] $NODE stopped cleanly on SIGINT (exit $rc)"
-    grep -q "stopped:" "$nodelog"
-    check $? "[$label] final counts logged: $(grep -o 'stopped:.*' "$nodelog" | head -1)"
+start_node() { # start_node BIN NAME LOG ARGS... ; sets $started_pid
+    local b=$1 name=$2 log=$3; shift 3
+    "$bindir/$b" --ros-args -r __node:="$name" "$@" >"$log" 2>&1 &
+    started_pid=$!
+    pids+=("$started_pid")
 }
-run_peer default -- --quick --expect-qos "best effort, keep last 1"
-big=(); [ "${BIG:-0}" = 1 ] && big=(--big)
-run_peer full -p reliable:=true -p relay_delay_ms:=30 -- --expect-qos "reliable" --expect-drops "${big[@]}"
 
-# 2. Every executable starts, and stops on SIGINT with status 0.
+# 1. Launch files and params files.
+section "1. launch and params files"
+set +e
+python test/ros/check_launch.py --bindir "$bindir" | tee "$logdir/check_launch.log"
+rc=${PIPESTATUS[0]}
+set -e
+count_peer "$logdir/check_launch.log" "$rc"
+
+# 2. Expected outputs from the replay CLI (same scans, same configuration, CPU backend).
+section "2. expected outputs (replay)"
+"$bindir/lidar-kernels" sample "$work/sample" >/dev/null
+bag="$work/sample/ouster_sample"
+"$bindir/lidar-kernels" replay "$bag" --config config/pipeline.yaml --backend cpu --quiet --out "$work/expected" \
+    >"$logdir/replay.log" 2>&1
+check $? "replay of the sample bag (expected outputs): $(grep -o 'replayed.*' "$logdir/replay.log" | head -1)"
+
+# 3. Four point-cloud nodes on one input topic, against the peer.
+section "3. pipeline, voxelizer, sampler, neighbors vs replay"
+common=(-p reliable:=true -p qos_depth:=16 -p output_depth:=10 -p malformed_log_period:=1.0 -p config_file:=config/pipeline.yaml
+        -r points:=/lk_test/points)
+node_args=()
+declare -A npid
+for b in pipeline voxelizer sampler neighbors; do
+    start_node "$b" "lk_$b" "$logdir/$b.log" "${common[@]}" -p backend:=cpu
+    npid[$b]=$started_pid
+    node_args+=(--node "$b=/lk_$b")
+done
+for b in pipeline voxelizer sampler neighbors; do
+    wait_for_line "$logdir/$b.log" "input '" "${npid[$b]}" 30
+    check $? "$b started ($(grep -o 'backend: .*' "$logdir/$b.log" | head -1))"
+done
+set +e
+python test/ros/peer.py outputs --input /lk_test/points "${node_args[@]}" --bag "$bag" --expected "$work/expected" \
+    | tee "$logdir/peer-outputs.log"
+rc=${PIPESTATUS[0]}
+set -e
+count_peer "$logdir/peer-outputs.log" "$rc"
+for b in pipeline voxelizer sampler neighbors; do
+    kill -0 "${npid[$b]}" 2>/dev/null
+    check $? "$b survived the peer"
+done
+n_warn=$(grep -c "malformed PointCloud2" "$logdir/pipeline.log" || true)
+[ "$n_warn" -ge 1 ] && [ "$n_warn" -le 4 ]
+check $? "malformed clouds logged, rate-limited ($n_warn log lines for 4 clouds)"
+for b in pipeline voxelizer sampler neighbors; do
+    set +e; stop_node "${npid[$b]}" 10; rc=$?; set -e
+    check "$rc" "$b stopped cleanly on SIGINT (exit $rc): $(grep -o 'stopped:.*' "$logdir/$b.log" | head -1)"
+done
+
+# 4. NMS node.
+section "4. nms"
+start_node nms lk_nms "$logdir/nms.log" -p reliable:=true -p output_depth:=10 -p backend:=cpu -r boxes_in:=/lk_test/boxes
+p=$started_pid
+wait_for_line "$logdir/nms.log" "input '" "$p" 30
+check $? "nms started"
+set +e
+python test/ros/peer.py nms --input /lk_test/boxes --node nms=/lk_nms | tee "$logdir/peer-nms.log"
+rc=${PIPESTATUS[0]}
+stop_node "$p" 10; src=$?
+set -e
+count_peer "$logdir/peer-nms.log" "$rc"
+check "$src" "nms stopped cleanly on SIGINT (exit $src)"
+
+# 5. Params files: each accepted at start by pipeline and nms (backend auto falls back to cpu here).
+section "5. params files"
+diag_nodes=()
+pf_pids=()
+for f in config/*.param.yaml; do
+    n=$(basename "$f" .param.yaml)
+    for b in pipeline nms; do
+        start_node "$b" "lk_pf_${b}_$n" "$logdir/pf-$b-$n.log" --params-file "$f"
+        pf_pids+=("$started_pid")
+        diag_nodes+=(--node "$b=/lk_pf_${b}_$n")
+    done
+done
+set +e
+python test/ros/peer.py diag "${diag_nodes[@]}" --expect backend=cpu --label "params file" --timeout 30 \
+    | tee "$logdir/peer-paramfiles.log"
+rc=${PIPESTATUS[0]}
+set -e
+count_peer "$logdir/peer-paramfiles.log" "$rc"
+for p in "${pf_pids[@]}"; do
+    set +e; stop_node "$p" 10; rc=$?; set -e
+    [ "$rc" = 0 ] || { echo "FAIL a params-file node (pid $p) did not stop cleanly (exit $rc)"; failed=$((failed + 1)); }
+done
+grep -l "auto: no usable CUDA" "$logdir"/pf-pipeline-*.log >/dev/null
+check $? "backend auto falls back to the CPU with a log line: $(grep -ho 'backend: cpu.*' "$logdir"/pf-pipeline-orin.log | head -1)"
+
+expect_refused() { # expect_refused LABEL PATTERN BIN ARGS...
+    local label=$1 pat=$2 b=$3; shift 3
+    local log="$logdir/refused-$label.log" rc=0
+    set +e
+    timeout 30 "$bindir/$b" --ros-args -r __node:="lk_refused_$label" "$@" >"$log" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q -- "$pat" "$log"
+    check $? "$label refused at start (exit $rc): $(grep -o -- "Error:.*" "$log" | head -1 | cut -c1-200)"
+}
+expect_refused backend_cuda "parameter 'backend' = 'cuda'" pipeline --params-file config/orin.param.yaml -p backend:=cuda
+
+# 6. Every executable starts and stops; bad parameters are refused with the key named.
+section "6. start/stop, bad parameters"
 for b in "${BINS[@]}"; do
     log="$logdir/start-$b.log"
-    "$bindir/$b" --ros-args -r __node:="lk_start_$b" >"$log" 2>&1 &
-    p=$!
-    pids+=("$p")
+    start_node "$b" "lk_start_$b" "$log"
+    p=$started_pid
     wait_for_line "$log" "input '" "$p" 30
     started=$?
     set +e; stop_node "$p" 10; rc=$?; set -e
     [ "$started" = 0 ] && [ "$rc" = 0 ]
     check $? "$b starts and stops cleanly (exit $rc)"
 done
+expect_refused queue_size "outside" voxelizer -p queue_size:=0
+expect_refused max_voxels "voxelize.max_voxels" voxelizer -p voxelize.max_voxels:=0
+expect_refused min_radius "min_radius" neighbors -p neighbors.ball_query.radius:=0.5 -p neighbors.ball_query.min_radius:=0.7
+expect_refused voxel_size "voxelize.voxel_size" pipeline -p "voxelize.voxel_size:=[0.1, 0.1]"
+expect_refused mode "voxelize.mode" pipeline -p voxelize.mode:=soft
+expect_refused config_file "config_file" sampler -p config_file:=/nonexistent.yaml
+expect_refused neighbors_without_fps "fps.enabled" pipeline -p fps.enabled:=false
 
-# 3. A bad parameter at start is refused with a clear message (non-zero exit).
-log="$logdir/badparam.log"
-set +e
-timeout 30 "$bindir/$NODE" --ros-args -r __node:=lk_bad -p queue_size:=0 >"$log" 2>&1
-rc=$?
-set -e
-[ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q "outside" "$log"
-check $? "out-of-range parameter at start refused (exit $rc: $(grep -o 'outside.*' "$log" | head -1))"
-
-echo "ros tests: $passed passed, $failed failed"
+echo "ros tests: $passed passed, $failed failed ($(( $(date +%s) - T_START )) s)"
 [ "$failed" = 0 ]

@@ -1,0 +1,32 @@
+"""lidar_kernels `pipeline` node. The composed pipeline: voxelize, downsample, fps and neighbors (each switched by its *.enabled parameter) in one process, on one backend (one CUDA context, the frame kept on the device between stages). Outputs ~/voxels, ~/downsampled, ~/samples, ~/neighborhoods.
+
+ros2 launch lidar_kernels pipeline.launch.py params_file:=/path/orin.param.yaml points:=/sensor/topic
+"""
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import Node
+from launch_ros.substitutions import FindPackageShare
+
+
+def generate_launch_description():
+    return LaunchDescription([
+        DeclareLaunchArgument(
+            'params_file',
+            default_value=PathJoinSubstitution([FindPackageShare('lidar_kernels'), 'config', 'cpu.param.yaml']),
+            description='Node parameters (config/orin|xavier|desktop_gpu|cpu.param.yaml or your own).'),
+        DeclareLaunchArgument('points', default_value='/points', description='Input PointCloud2 topic.'),
+        DeclareLaunchArgument('namespace', default_value='', description='Namespace of the node.'),
+        DeclareLaunchArgument('node_name', default_value='pipeline', description='Name of the node.'),
+        DeclareLaunchArgument('reliable', default_value='true', description='Input QoS reliable (true) or best effort.'),
+        Node(
+            package='lidar_kernels',
+            executable='pipeline',
+            name=LaunchConfiguration('node_name'),
+            namespace=LaunchConfiguration('namespace'),
+            output='screen',
+            parameters=[LaunchConfiguration('params_file'), {'reliable': LaunchConfiguration('reliable')}],
+            remappings=[('points', LaunchConfiguration('points'))],
+        ),
+    ])
