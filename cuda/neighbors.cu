@@ -549,6 +549,153 @@ __device__ __forceinline__ void knn_one(const GridParams& g, const unsigned int*
     }
 }
 
+// One warp per query (k <= 32), cells enumerated 32 at a time: each lane takes one column (cx, cy)
+// of the current shell, loads the start offsets of its run(s) (the full z-run for columns on the
+// shell's xy boundary, the two z-planes qz -/+ r for interior columns) unless the run's lower bound
+// already exceeds the k-th distance, then the points of all the lanes' runs are packed 32 per step
+// (warp scan of the run lengths, owner lane found by binary search over the prefix) and inserted.
+// Shell 0 (the query's cell) goes alone first, so that in dense cells (the grid is sized from the
+// mean density; lidar cells near the sensor hold hundreds of points) the k-th distance prunes the
+// runs of shell 1 before they are read. Once the shell reaches past both
+// z ends, interior columns hold no cells and only the shell's xy perimeter is enumerated, so a
+// query in a sparse region pays ~8r/32 warp steps per shell instead of one dependent load per cell.
+// Same cells, same conservative bounds and same stop test as knn_one: the result is identical.
+__device__ __forceinline__ void warp_knn_cells(const GridParams& g, const unsigned int* __restrict__ start,
+                                               const float4* __restrict__ sorted, float qx, float qy, float qz,
+                                               WarpList& best) {
+    const unsigned int lane = best.lane;
+    const double qf[3] = {(double)qx, (double)qy, (double)qz};
+    const int qc[3] = {cell_coord(g, qf[0], 0), cell_coord(g, qf[1], 1), cell_coord(g, qf[2], 2)};
+    int max_r = 0;
+    for (int a = 0; a < 3; ++a) max_r = max(max_r, max(qc[a], g.dims[a] - 1 - qc[a]));
+    for (int r = 0; r <= max_r; ++r) {
+        const bool cube = r == 0; // the query's own cell
+        const int x0 = max(qc[0] - r, 0), x1 = min(qc[0] + r, g.dims[0] - 1);
+        const int y0 = max(qc[1] - r, 0), y1 = min(qc[1] + r, g.dims[1] - 1);
+        const int z0 = max(qc[2] - r, 0), z1 = min(qc[2] + r, g.dims[2] - 1);
+        const bool zlo = qc[2] - r >= 0, zhi = qc[2] + r < g.dims[2];
+        const bool square = cube || zlo || zhi; // else only the xy perimeter holds cells
+        const int W = x1 - x0 + 1, H = y1 - y0 + 1;
+        const bool rx0 = qc[0] - r >= 0, rx1 = qc[0] + r < g.dims[0];
+        const bool ry0 = qc[1] - r >= 0, ry1 = qc[1] + r < g.dims[1];
+        const int xi0 = x0 + (int)rx0, xi1 = x1 - (int)rx1;
+        const int Wi = max(xi1 - xi0 + 1, 0);
+        const int nrowc = ((int)rx0 + (int)rx1) * H;
+        const int ncol = square ? W * H : nrowc + ((int)ry0 + (int)ry1) * Wi;
+        for (int base = 0; base < ncol; base += 32) {
+            const int j = base + (int)lane;
+            const float kd = __uint_as_float((unsigned int)(best.kth >> 32)); // NaN while not full
+            const bool full = best.kth != KEY_NONE;
+            unsigned int a0 = 0, l0 = 0, a1 = 0, l1 = 0;
+            if (j < ncol) {
+                int cx, cy;
+                if (square) {
+                    cx = x0 + j / H;
+                    cy = y0 + j % H;
+                } else if (j < nrowc) {
+                    cx = (rx0 && j < H) ? x0 : x1;
+                    cy = y0 + j % H;
+                } else {
+                    const int t = j - nrowc;
+                    cy = (ry0 && t < Wi) ? y0 : y1;
+                    cx = xi0 + t % Wi;
+                }
+                const double gx = axis_gap(g, qf[0], 0, cx, cx);
+                const double gy = axis_gap(g, qf[1], 1, cy, cy);
+                const double gxy = gx * gx + gy * gy;
+                if (cube || abs(cx - qc[0]) == r || abs(cy - qc[1]) == r) {
+                    const double gz = axis_gap(g, qf[2], 2, z0, z1);
+                    if (!(full && (double)kd < d2_lower_bound(gxy + gz * gz))) {
+                        a0 = start[cell_id(g, cx, cy, z0)];
+                        l0 = start[cell_id(g, cx, cy, z1) + 1u] - a0;
+                    }
+                } else {
+                    if (zlo) {
+                        const double gz = axis_gap(g, qf[2], 2, qc[2] - r, qc[2] - r);
+                        if (!(full && (double)kd < d2_lower_bound(gxy + gz * gz))) {
+                            const unsigned int c = cell_id(g, cx, cy, qc[2] - r);
+                            a0 = start[c];
+                            l0 = start[c + 1u] - a0;
+                        }
+                    }
+                    if (zhi) {
+                        const double gz = axis_gap(g, qf[2], 2, qc[2] + r, qc[2] + r);
+                        if (!(full && (double)kd < d2_lower_bound(gxy + gz * gz))) {
+                            const unsigned int c = cell_id(g, cx, cy, qc[2] + r);
+                            a1 = start[c];
+                            l1 = start[c + 1u] - a1;
+                        }
+                    }
+                }
+            }
+            const unsigned int cnt = l0 + l1;
+            unsigned int incl = cnt;
+#pragma unroll
+            for (unsigned int o = 1; o < 32; o <<= 1) {
+                const unsigned int t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += t;
+            }
+            const unsigned int total = __shfl_sync(0xffffffffu, incl, 31);
+            for (unsigned int e0 = 0; e0 < total; e0 += 32u) {
+                const unsigned int e = e0 + lane;
+                // Owner: the first lane whose inclusive prefix exceeds e.
+                int jl = 0;
+#pragma unroll
+                for (int step = 16; step > 0; step >>= 1) {
+                    const unsigned int v = __shfl_sync(0xffffffffu, incl, jl + step - 1);
+                    if (v <= e) jl += step;
+                }
+                const unsigned int inc_j = __shfl_sync(0xffffffffu, incl, jl);
+                const unsigned int cnt_j = __shfl_sync(0xffffffffu, cnt, jl);
+                const unsigned int a0_j = __shfl_sync(0xffffffffu, a0, jl);
+                const unsigned int l0_j = __shfl_sync(0xffffffffu, l0, jl);
+                const unsigned int a1_j = __shfl_sync(0xffffffffu, a1, jl);
+                u64 key = KEY_NONE;
+                if (e < total) {
+                    const unsigned int off = e - (inc_j - cnt_j);
+                    const unsigned int pos = off < l0_j ? a0_j + off : a1_j + (off - l0_j);
+                    const float4 p = sorted[pos];
+                    const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+                    key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
+                }
+                unsigned int mask = __ballot_sync(0xffffffffu, key < best.kth);
+                while (mask) {
+                    const int src = __ffs(mask) - 1;
+                    mask &= mask - 1u;
+                    const u64 kk = __shfl_sync(0xffffffffu, key, src);
+                    if (kk < best.kth) best.insert(kk);
+                }
+            }
+        }
+        if (best.kth != KEY_NONE) {
+            double gap = __longlong_as_double(0x7ff0000000000000ll);
+            for (int a = 0; a < 3; ++a) {
+                if (qc[a] - r > 0) gap = fmin(gap, qf[a] - (g.origin[a] + (double)(qc[a] - r) * g.h));
+                if (qc[a] + r < g.dims[a] - 1) gap = fmin(gap, (g.origin[a] + (double)(qc[a] + r + 1) * g.h) - qf[a]);
+            }
+            if (isinf(gap)) break;
+            const double gg = fmax(gap - g.margin, 0.0);
+            const float kd = __uint_as_float((unsigned int)(best.kth >> 32));
+            if ((double)kd < d2_lower_bound(gg * gg)) break;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+knn_warp_cells(const float* __restrict__ qxyz, unsigned long long qstride, unsigned int m,
+               const GridParams* __restrict__ gp, const unsigned int* __restrict__ start,
+               const float4* __restrict__ sorted, unsigned int k, int* __restrict__ out_idx, float* __restrict__ out_d,
+               u64* /*scratch*/) {
+    const unsigned int q = (blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x) >> 5;
+    if (q >= m) return; // warp-uniform
+    const GridParams g = *gp;
+    const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
+    WarpList best;
+    best.init(k, nullptr);
+    if (g.ncells > 0 && finite3(qx, qy, qz)) warp_knn_cells(g, start, sorted, qx, qy, qz, best);
+    best.emit_knn(out_idx + (u64)q * k, out_d + (u64)q * k);
+}
+
 template <class L>
 __device__ __forceinline__ unsigned int query_index();
 template <>
