@@ -14,6 +14,7 @@ cargo test --release --all-targets
 
 step "sample bag and replay output read back with rosbags"
 test/python/run.sh
+rm -rf target/ci/replay_out
 cargo run --release --quiet -- replay --quiet --out target/ci/replay_out
 .venv-py/bin/python test/python/check_sample_bag.py target/ci/replay_out --no-scans --any-layout \
     --points-topic /lidar_kernels/samples \
