@@ -92,5 +92,28 @@ for b in voxelizer sampler neighbors nms pipeline; do
     wait "$p" || rc=$?
     if [ "$ok" = 0 ] && [ "$rc" = 0 ]; then echo "PASS installed $b runs"; else echo "FAIL installed $b (rc $rc): $(tail -3 "$log")"; fail=1; fi
 done
+# 6. The installed nodes accept the installed params files (backend auto falls back to the CPU here),
+#    and the launch files' default params file is installed.
+share="$install/share/$pkg"
+if [ -f "$share/config/cpu.param.yaml" ] &&
+    grep -q 'find-pkg-share lidar_kernels)/config/cpu.param.yaml' "$share/launch/pipeline.launch.xml"; then echo "PASS installed launch files' default params file is installed"; else echo "FAIL launch default params file"; fail=1; fi
+for f in "$share"/config/*.param.yaml; do
+    n=$(basename "$f" .param.yaml)
+    log="$logdir/params-$n.log"
+    "$install/lib/$pkg/pipeline" --ros-args -r __node:="lk_colcon_pf_$n" --params-file "$f" >"$log" 2>&1 &
+    p=$!
+    ok=1
+    for _ in $(seq 300); do grep -q "input '" "$log" && { ok=0; break; }; kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -INT "$p" 2>/dev/null || true
+    rc=0
+    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then kill -KILL "$p"; rc=124; fi
+    wait "$p" || rc=$?
+    if [ "$ok" = 0 ] && [ "$rc" = 0 ]; then
+        echo "PASS installed pipeline starts with share/$pkg/config/$n.param.yaml ($(grep -o 'backend: .*' "$log" | head -1))"
+    else
+        echo "FAIL installed pipeline with $n.param.yaml (rc $rc): $(tail -3 "$log")"; fail=1
+    fi
+done
 echo "install: $install"
 exit "$fail"

@@ -12,6 +12,18 @@ pub const MSG_FILES: &[(&str, &str)] = &[
     ("std_msgs/msg/Header", include_str!("../../msg/std_msgs/msg/Header.msg")),
     ("sensor_msgs/msg/PointField", include_str!("../../msg/sensor_msgs/msg/PointField.msg")),
     ("sensor_msgs/msg/PointCloud2", include_str!("../../msg/sensor_msgs/msg/PointCloud2.msg")),
+    // visualization_msgs/MarkerArray (the nms node's ~/markers) and its dependencies.
+    ("builtin_interfaces/msg/Duration", include_str!("../../msg/builtin_interfaces/msg/Duration.msg")),
+    ("std_msgs/msg/ColorRGBA", include_str!("../../msg/std_msgs/msg/ColorRGBA.msg")),
+    ("geometry_msgs/msg/Point", include_str!("../../msg/geometry_msgs/msg/Point.msg")),
+    ("geometry_msgs/msg/Quaternion", include_str!("../../msg/geometry_msgs/msg/Quaternion.msg")),
+    ("geometry_msgs/msg/Pose", include_str!("../../msg/geometry_msgs/msg/Pose.msg")),
+    ("geometry_msgs/msg/Vector3", include_str!("../../msg/geometry_msgs/msg/Vector3.msg")),
+    ("sensor_msgs/msg/CompressedImage", include_str!("../../msg/sensor_msgs/msg/CompressedImage.msg")),
+    ("visualization_msgs/msg/UVCoordinate", include_str!("../../msg/visualization_msgs/msg/UVCoordinate.msg")),
+    ("visualization_msgs/msg/MeshFile", include_str!("../../msg/visualization_msgs/msg/MeshFile.msg")),
+    ("visualization_msgs/msg/Marker", include_str!("../../msg/visualization_msgs/msg/Marker.msg")),
+    ("visualization_msgs/msg/MarkerArray", include_str!("../../msg/visualization_msgs/msg/MarkerArray.msg")),
 ];
 
 /// The 80 `=` line that separates the definitions of dependencies.

@@ -541,6 +541,14 @@ mod tests {
     }
 
     #[test]
+    fn marker_array_definition_is_complete() {
+        let d = crate::bag::msgdefs::full_definition(MARKER_ARRAY_TYPE).unwrap();
+        for t in ["MSG: visualization_msgs/Marker", "MSG: geometry_msgs/Pose", "MSG: sensor_msgs/CompressedImage", "MSG: visualization_msgs/MeshFile"] {
+            assert!(d.contains(t), "{t}");
+        }
+    }
+
+    #[test]
     fn every_node_declares_its_keys() {
         let s = PipelineStage::new(NodeKind::Pipeline);
         let names: Vec<String> = s.params().into_iter().map(|p| p.name).collect();
