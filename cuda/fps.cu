@@ -18,6 +18,9 @@
 // cooperatively); then every block reduces the G board entries itself (one L2 round trip).
 // The result is independent of scheduling: keys are unique and the max is associative.
 //
+// sm_90+ adds a thread-block-cluster path (fps_cl_PPT, below), exchanging through distributed
+// shared memory instead of global memory.
+//
 // Compile-time constants: FPS_BLOCK (threads per block, multiple of 32, <= 1024).
 
 #ifndef FPS_BLOCK
@@ -225,3 +228,253 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_2(FPS_ARGS) { fp
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_4(FPS_ARGS) { fps_body<4, false>(FPS_PASS); }
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_8(FPS_ARGS) { fps_body<8, false>(FPS_PASS); }
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_body<1, true>(FPS_PASS); }
+
+// ------------------------------------------------------------------------------------------------
+// sm_90+: one thread-block cluster per cloud (fps_cl_PPT), G = cluster size <= 16 blocks (launched
+// with a cluster-dimension attribute, no co-residency needed between clusters). Block r (cluster
+// rank r) owns points r * CHUNK .. (r + 1) * CHUNK of its cloud, CHUNK = FPS_BLOCK * PPT; thread t
+// keeps points r * CHUNK + t * PPT + s, s < PPT (contiguous, so position order = index order) in
+// registers, and the block keeps a float4 copy of its chunk in dynamic shared memory (the winner's
+// coordinates). Per iteration:
+//  1. min-distance update (fminf(d, m) = `d < m ? d : m`: m is never NaN, fminf(NaN, m) = m;
+//     selected / absent points hold -1, which every d >= 0 keeps) and per-thread arg-max (strict >:
+//     lowest slot);
+//  2. warp: max of the float bits as int (m >= 0 or -1, so int order = float order, selected/absent
+//     lose), ties to the lowest lane (= lowest index); the winner lane writes (value, index);
+//     __syncthreads;
+//  3. warp 0 reduces the warps (ties to the lowest warp), reads the coordinates from shared memory
+//     and lane q < G stores (value, index, x, y, z) with plain st.shared::cluster into slot [rank]
+//     of block q (distributed shared memory; no remote atomics);
+//  4. cluster barrier (arrive.release / wait.acquire, .aligned: cluster-scope ordering of the
+//     DSMEM stores);
+//  5. every warp reduces the G slots of its own block (ties to the lowest rank = lowest index) and
+//     takes the winner: the next selected point; its owner thread sets its min distance to -1.
+// Slots are double-buffered by step parity: a block writes the slots of step s + 2 only after the
+// barrier of step s + 1, which every block reaches after reading the slots of step s.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+
+#define FPS_CL_MAX 16
+
+__device__ __forceinline__ unsigned int cl_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ unsigned int cl_map(const void* local, unsigned int rank) {
+    const unsigned int a = (unsigned int)__cvta_generic_to_shared(local);
+    unsigned int r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ void cl_st_v4(unsigned int addr, int a, int b, int c, int d) {
+    asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cl_st_f32(unsigned int addr, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
+// st.async: store into a cluster block's shared memory and complete-tx its mbarrier (no fence).
+__device__ __forceinline__ void cl_st_async_v4(unsigned int addr, int a, int b, int c, int d, unsigned int mbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
+                 "r"(a), "r"(b), "r"(c), "r"(d), "r"(mbar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cl_st_async_b32(unsigned int addr, int a, unsigned int mbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr), "r"(a), "r"(mbar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_init(u64* bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned int)__cvta_generic_to_shared(bar)), "r"(count)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((unsigned int)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(u64* bar, unsigned int parity) {
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "FPS_MBAR_WAIT:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra FPS_MBAR_WAIT;\n}" ::"r"((unsigned int)__cvta_generic_to_shared(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+// ASYNC: exchange with st.async + one mbarrier per slot buffer (each block waits only for the G
+// slot writes into its own shared memory; no cluster barrier, no fence per iteration); otherwise
+// st.shared::cluster + cluster barrier (release/acquire: a GPU-scope fence per iteration).
+template <int PPT, bool ASYNC>
+__device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, const unsigned int* __restrict__ offsets,
+                                                 int* __restrict__ out, const FpsKernelParams& p) {
+    constexpr unsigned int CHUNK = (unsigned int)(FPS_BLOCK * PPT);
+    extern __shared__ float4 s_pts[]; // CHUNK entries
+    __shared__ int s_wv[2][FPS_WARPS];
+    __shared__ unsigned int s_wi[2][FPS_WARPS];
+    __shared__ __align__(8) u64 s_mbar[2];
+    __shared__ int4 s_slot[2][FPS_CL_MAX];    // (value, index, x bits, y bits), written by rank
+    __shared__ float s_slot_z[2][FPS_CL_MAX]; // z
+
+    const unsigned int G = p.group;
+    const unsigned int cloud = blockIdx.x / G;
+    const unsigned int rank = cl_rank();
+    const unsigned int tid = threadIdx.x;
+    const unsigned int lane = tid & 31u;
+    const unsigned int warp = tid >> 5;
+    const unsigned int off = offsets[cloud];
+    const unsigned int len = offsets[cloud + 1] - off;
+    const unsigned int K = p.k;
+    int* row = out + (u64)cloud * K;
+
+    if (rank == 0) {
+        for (unsigned int j = (len < K ? len : K) + tid; j < K; j += FPS_BLOCK) row[j] = -1;
+    }
+    if (len == 0) return; // the whole cluster returns (one cloud per cluster)
+    const unsigned int steps = len < K ? len : K;
+    if (rank == 0 && tid == 0) row[0] = (int)p.start;
+
+    const float* X = xyz + off;
+    const float* Y = xyz + p.stride + off;
+    const float* Z = xyz + 2ull * p.stride + off;
+    const unsigned int c0 = rank * CHUNK;
+    const unsigned int t0 = c0 + tid * (unsigned int)PPT; // index of this thread's slot 0
+
+    float px[PPT], py[PPT], pz[PPT], pm[PPT];
+#pragma unroll
+    for (int s = 0; s < PPT; ++s) {
+        const unsigned int i = t0 + (unsigned int)s;
+        if (i < len) {
+            px[s] = X[i];
+            py[s] = Y[i];
+            pz[s] = Z[i];
+            pm[s] = __int_as_float(0x7f800000); // +inf
+        } else {
+            px[s] = 0.0f;
+            py[s] = 0.0f;
+            pz[s] = 0.0f;
+            pm[s] = -1.0f; // not a point
+        }
+        s_pts[tid * (unsigned int)PPT + (unsigned int)s] = make_float4(px[s], py[s], pz[s], 0.0f);
+    }
+
+    unsigned int last = p.start;
+    float sx = X[last], sy = Y[last], sz = Z[last];
+    {
+        const unsigned int rel = last - c0;
+        if (rel < CHUNK && rel / (unsigned int)PPT == tid) {
+            const unsigned int ss = rel % (unsigned int)PPT;
+#pragma unroll
+            for (int s = 0; s < PPT; ++s)
+                if ((unsigned int)s == ss) pm[s] = -1.0f;
+        }
+    }
+    if (ASYNC && tid == 0) {
+        mbar_init(&s_mbar[0], 1u);
+        mbar_init(&s_mbar[1], 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cl_sync(); // every block of the cluster has started; s_pts and the mbarriers are initialized
+    unsigned int phase = 0u; // bit b: parity of the current phase of s_mbar[b]
+
+    for (unsigned int step = 1; step < steps; ++step) {
+        const unsigned int buf = step & 1u;
+        // This block's own arrival on this step's mbarrier, expecting G slot writes (20 bytes each).
+        if (ASYNC && tid == 0) mbar_arrive_expect_tx(&s_mbar[buf], G * 20u);
+        float bm = -1.0f;
+        unsigned int bs = 0u;
+#pragma unroll
+        for (int s = 0; s < PPT; ++s) {
+            const float d = fps_dist2(px[s], py[s], pz[s], sx, sy, sz);
+            const float m = fminf(d, pm[s]);
+            pm[s] = m;
+            if (m > bm) {
+                bm = m;
+                bs = (unsigned int)s;
+            }
+        }
+        // Warp arg-max: value, then lowest lane.
+        const int v = __float_as_int(bm);
+        const int wv = __reduce_max_sync(0xffffffffu, v);
+        const unsigned int wt = __ballot_sync(0xffffffffu, v == wv);
+        if (lane == (unsigned int)(__ffs(wt) - 1)) {
+            s_wv[buf][warp] = wv;
+            s_wi[buf][warp] = t0 + bs;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const int v2 = lane < FPS_WARPS ? s_wv[buf][lane] : (int)0x80000000;
+            const int bv = __reduce_max_sync(0xffffffffu, v2);
+            const unsigned int bt = __ballot_sync(0xffffffffu, v2 == bv);
+            const unsigned int bi = s_wi[buf][__ffs(bt) - 1];
+            const float4 c = s_pts[bi - c0];
+            if (lane < G) {
+                if (ASYNC) {
+                    const unsigned int mb = cl_map(&s_mbar[buf], lane);
+                    cl_st_async_v4(cl_map(&s_slot[buf][rank], lane), bv, (int)bi, __float_as_int(c.x), __float_as_int(c.y), mb);
+                    cl_st_async_b32(cl_map(&s_slot_z[buf][rank], lane), __float_as_int(c.z), mb);
+                } else {
+                    cl_st_v4(cl_map(&s_slot[buf][rank], lane), bv, (int)bi, __float_as_int(c.x), __float_as_int(c.y));
+                    cl_st_f32(cl_map(&s_slot_z[buf][rank], lane), c.z);
+                }
+            }
+        }
+        if (ASYNC) {
+            mbar_wait(&s_mbar[buf], (phase >> buf) & 1u);
+            phase ^= 1u << buf;
+        } else {
+            cl_sync();
+        }
+        // Cluster arg-max over the G slots: value, then lowest rank.
+        const int v3 = lane < G ? s_slot[buf][lane].x : (int)0x80000000;
+        const int gv = __reduce_max_sync(0xffffffffu, v3);
+        const unsigned int gt = __ballot_sync(0xffffffffu, v3 == gv);
+        const unsigned int wr = (unsigned int)(__ffs(gt) - 1);
+        const int4 sl = s_slot[buf][wr];
+        last = (unsigned int)sl.y;
+        sx = __int_as_float(sl.z);
+        sy = __int_as_float(sl.w);
+        sz = s_slot_z[buf][wr];
+        if (rank == 0 && tid == 0) row[step] = (int)last;
+        const unsigned int rel = last - c0;
+        if (rel < CHUNK && rel / (unsigned int)PPT == tid) {
+            const unsigned int ss = rel % (unsigned int)PPT;
+#pragma unroll
+            for (int s = 0; s < PPT; ++s)
+                if ((unsigned int)s == ss) pm[s] = -1.0f;
+        }
+    }
+    cl_sync(); // no block exits while cluster shared-memory traffic may be in flight (once)
+}
+
+#define FPS_CL_ARGS                                                                                     \
+    const float* __restrict__ xyz, const unsigned int* __restrict__ offsets, int* __restrict__ out,    \
+        const FpsKernelParams p
+#define FPS_CL(PPT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(FPS_BLOCK, 1) fps_cl_##PPT(FPS_CL_ARGS) {                \
+        fps_cluster_body<PPT, true>(xyz, offsets, out, p);                                              \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(FPS_BLOCK, 1) fps_clb_##PPT(FPS_CL_ARGS) {               \
+        fps_cluster_body<PPT, false>(xyz, offsets, out, p);                                             \
+    }
+FPS_CL(1)
+FPS_CL(2)
+FPS_CL(3)
+FPS_CL(4)
+FPS_CL(5)
+FPS_CL(6)
+FPS_CL(7)
+FPS_CL(8)
+
+#endif // __CUDA_ARCH__ >= 900

@@ -7,6 +7,11 @@
 //! and a per-cloud arrival counter each iteration. Points (x, y, z, min distance) stay in registers
 //! (up to 8 per thread, `FPS_BLOCK * 8 * G` points per cloud), else the kernel re-reads them from
 //! global memory (L2) with the min distances in a global scratch array.
+//!
+//! On sm_90+ a cloud of up to `16 * FPS_BLOCK * 8` points instead runs as one thread-block cluster
+//! (`fps_cl_PPT`): the blocks exchange their arg-max through distributed shared memory (st.async +
+//! mbarrier), with no global-memory traffic per iteration. `LIDAR_FPS_NO_CLUSTER=1` turns it off;
+//! `LIDAR_FPS_CLUSTER_SYNC=barrier` uses the cluster-barrier variant (`fps_clb_PPT`) instead.
 
 use super::context::GrowBuffer;
 use super::report::{BenchRow, CheckRow};
@@ -14,7 +19,7 @@ use super::{upload_and_gather, DeviceCloud, GpuContext, GpuError};
 use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
 use crate::ops::fps::{self as cpu_fps, BatchedFps, FpsOutput, FpsParams};
 use crate::ops::{ParamError, Validate};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::path::Path;
 
 /// Device x, y, z columns: `x = data[0..len]`, `y = data[stride..stride + len]`,
@@ -90,7 +95,12 @@ pub struct FpsScratch {
     out_len: usize,
     /// The last launch: kernel name, blocks per cloud.
     pub last_plan: (String, u32),
+    /// Cluster plans already chosen: (clouds, longest cloud, block size) -> (PPT, cluster size).
+    cluster_plans: Vec<ClusterPlan>,
 }
+
+/// (clouds, longest cloud, block size) -> (points per thread, cluster size) or None.
+type ClusterPlan = ((usize, usize, usize), Option<(usize, usize)>);
 
 impl FpsScratch {
     pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
@@ -105,6 +115,7 @@ impl FpsScratch {
             uploaded_offsets: Vec::new(),
             out_len: 0,
             last_plan: (String::new(), 0),
+            cluster_plans: Vec::new(),
         })
     }
 
@@ -162,8 +173,22 @@ pub fn fps_enqueue(
         return Ok(());
     }
 
-    // Plan: fewest blocks per cloud with points in registers, else the memory path.
     let b = ctx.profile.block_size.fps as usize;
+    // sm_90+: one thread-block cluster per cloud, when the clouds fit (<= 16 blocks of b * 8 points).
+    let key = (nb, maxlen, b);
+    let plan = match scratch.cluster_plans.iter().find(|(k, _)| *k == key) {
+        Some((_, p)) => *p,
+        None => {
+            let p = cluster_plan(ctx, nb, maxlen, b);
+            scratch.cluster_plans.push((key, p));
+            p
+        }
+    };
+    if let Some((ppt, g)) = plan {
+        return launch_cluster(ctx, scratch, points, offsets, params, nb, ppt, g);
+    }
+
+    // Plan: fewest blocks per cloud with points in registers, else the memory path.
     let gmin = maxlen.div_ceil(b * 8).max(1);
     let ppt = [1usize, 2, 4, 8].into_iter().find(|p| b * p * gmin >= maxlen).unwrap_or(8);
     let mut name = format!("fps_reg_{ppt}");
@@ -227,6 +252,176 @@ pub fn fps_enqueue(
             l.launch_cooperative(cfg)?;
         } else {
             l.launch(cfg)?;
+        }
+    }
+    Ok(())
+}
+
+/// `LIDAR_FPS_NO_CLUSTER=1` keeps sm_90+ on the cooperative (board and counter) path.
+fn clusters_disabled() -> bool {
+    static D: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *D.get_or_init(|| std::env::var("LIDAR_FPS_NO_CLUSTER").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Clusters of `g` blocks of `b` threads of `func` that can be resident at once (0 when none or
+/// on error).
+fn max_active_clusters(ctx: &GpuContext, func: &cudarc::driver::CudaFunction, g: usize, b: usize, nb: usize, smem: usize) -> u32 {
+    // SAFETY: a plain-data attribute and config; the driver only reads them.
+    unsafe {
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = g as u32;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: (g * nb.max(1)) as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: b as u32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem as u32,
+            hStream: ctx.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut n: std::ffi::c_int = 0;
+        match sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &cfg) {
+            sys::CUresult::CUDA_SUCCESS => n.max(0) as u32,
+            _ => 0,
+        }
+    }
+}
+
+/// Kernel name prefix of the cluster path: `fps_cl_` (st.async + mbarrier exchange, default) or
+/// `fps_clb_` (`LIDAR_FPS_CLUSTER_SYNC=barrier`: DSMEM stores + cluster barrier, a GPU-scope fence
+/// per iteration; kept for comparison).
+fn cluster_prefix() -> &'static str {
+    static P: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    P.get_or_init(|| if std::env::var("LIDAR_FPS_CLUSTER_SYNC").is_ok_and(|v| v == "barrier") { "fps_clb_" } else { "fps_cl_" })
+}
+
+/// Dynamic shared memory of `fps_cl*_{ppt}`: a float4 per point of the block's chunk.
+fn cluster_smem(b: usize, ppt: usize) -> usize {
+    b * ppt * 16
+}
+
+/// Points per thread and cluster size of the cluster path (sm_90+), or None: the fewest waves of
+/// clusters times the per-iteration cost (about PPT point updates plus a fixed exchange cost of
+/// ~6 updates).
+fn cluster_plan(ctx: &GpuContext, nb: usize, maxlen: usize, b: usize) -> Option<(usize, usize)> {
+    if ctx.compute_capability.0 < 9 || clusters_disabled() || b == 0 || maxlen == 0 {
+        return None;
+    }
+    let mut best: Option<(f64, usize, usize)> = None;
+    for ppt in 1..=8usize {
+        let g = maxlen.div_ceil(b * ppt).max(1);
+        // g = 1 is no cluster (compute-sanitizer rejects DSMEM/st.async in 1-block clusters): the
+        // single-block register path does it without any exchange.
+        if !(2..=16).contains(&g) {
+            continue;
+        }
+        let Ok(func) = ctx.function("fps", &format!("{}{ppt}", cluster_prefix())) else { return None };
+        let smem = cluster_smem(b, ppt);
+        if func
+            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .is_err()
+        {
+            continue;
+        }
+        if g > 8
+            && func
+                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                .is_err()
+        {
+            continue;
+        }
+        let active = max_active_clusters(ctx, &func, g, b, nb, smem) as usize;
+        if active == 0 {
+            continue;
+        }
+        let waves = nb.div_ceil(active);
+        // Clouds that fit one block (maxlen <= b * 8) already run without exchange on the register
+        // path: take clusters for them only when they all run at once.
+        if maxlen <= b * 8 && waves > 1 {
+            continue;
+        }
+        let cost = waves as f64 * (ppt as f64 + 6.0);
+        if best.is_none_or(|(c, _, _)| cost < c) {
+            best = Some((cost, ppt, g));
+        }
+    }
+    best.map(|(_, ppt, g)| (ppt, g))
+}
+
+/// The cluster path: `fps_cl_{ppt}` over `nb` clusters of `g` blocks (cuLaunchKernelEx).
+#[allow(clippy::too_many_arguments)]
+fn launch_cluster(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    offsets: &[usize],
+    params: &FpsParams,
+    nb: usize,
+    ppt: usize,
+    g: usize,
+) -> Result<(), GpuError> {
+    let stream = &ctx.stream;
+    let k = params.num_samples;
+    let name = format!("{}{ppt}", cluster_prefix());
+    scratch.last_plan = (name.clone(), g as u32);
+    let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
+    let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
+    if scratch.uploaded_offsets != offs {
+        stream.memcpy_htod(&offs, &mut offs_dev.slice_mut(..offs.len()))?;
+        scratch.uploaded_offsets = offs;
+    }
+    let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    let p = FpsKernelParams {
+        stride: points.stride as u64,
+        num_clouds: nb as u32,
+        group: g as u32,
+        k: k as u32,
+        start: params.start_index as u32,
+        chunk: (ctx.profile.block_size.fps as usize * ppt) as u32,
+        pad_: 0,
+    };
+    let func = ctx.function("fps", &name)?;
+    let (xyz_ptr, _gx) = points.data.device_ptr(stream);
+    let (off_ptr, _go) = offs_dev.device_ptr(stream);
+    let (out_ptr, _gu) = out.device_ptr_mut(stream);
+    let mut args: [*mut std::ffi::c_void; 4] = [
+        &xyz_ptr as *const sys::CUdeviceptr as *mut std::ffi::c_void,
+        &off_ptr as *const sys::CUdeviceptr as *mut std::ffi::c_void,
+        &out_ptr as *const sys::CUdeviceptr as *mut std::ffi::c_void,
+        &p as *const FpsKernelParams as *mut std::ffi::c_void,
+    ];
+    // SAFETY: argument order and types match `fps_cl_*` / `fps_clb_*` in cuda/fps.cu (xyz, offsets,
+    // out, params); out >= nb * k, offsets nb + 1 entries, points cover offsets[nb] with `stride`;
+    // the grid is nb clusters of g blocks (g <= 16, non-portable sizes and the dynamic shared memory
+    // (b * ppt float4) enabled by cluster_plan and checked with cuOccupancyMaxActiveClusters); the
+    // argument values outlive the call (the driver copies them).
+    unsafe {
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = g as u32;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: (nb * g) as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: ctx.profile.block_size.fps,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: cluster_smem(ctx.profile.block_size.fps as usize, ppt) as u32,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let r = sys::cuLaunchKernelEx(&cfg, func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(GpuError::Unsupported(format!("{name}: cuLaunchKernelEx with {g}-block clusters: {r:?}")));
         }
     }
     Ok(())
@@ -469,6 +664,41 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
             .collect();
         batched("scan0 8 x 16384, K=1024", &clouds, &FpsParams { num_samples: 1024, start_index: 0 })?;
     }
+    Ok(rows)
+}
+
+/// A few small FPS cases (single and batched, every path the planner picks for them) for
+/// compute-sanitizer runs.
+pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuError> {
+    let mut rows = Vec::new();
+    let mut scratch = FpsScratch::new(ctx)?;
+    let mut rng = Rng::new(seed);
+    for (case, cloud, p) in [
+        ("300 random, K=40", rng.cloud(300, 10.0), FpsParams { num_samples: 40, start_index: 17 }),
+        ("4000 random, K=64", rng.cloud(4000, 20.0), FpsParams { num_samples: 64, start_index: 123 }),
+        ("lattice 20000, K=64", rng.lattice(20000, 12), FpsParams { num_samples: 64, start_index: 5 }),
+    ] {
+        let (dev, host) = upload_cloud(ctx, &cloud)?;
+        let cpu = cpu_fps::farthest_point_sample(&host, &p).map_err(param_err)?;
+        let g = farthest_point_sample_with(ctx, &mut scratch, (&dev).into(), &p)?;
+        let same = g.indices == cpu.indices;
+        let detail = format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
+        rows.push(row("fps", case, host.len(), same, true, detail));
+    }
+    let clouds = [rng.cloud(5000, 20.0), Cloud::from_xyz(vec![], vec![], vec![]), rng.cloud(1, 1.0), rng.cloud(17000, 30.0)];
+    let lengths: Vec<usize> = clouds.iter().map(|c| c.len()).collect();
+    let (mut x, mut y, mut z) = (Vec::new(), Vec::new(), Vec::new());
+    for c in &clouds {
+        x.extend_from_slice(c.x());
+        y.extend_from_slice(c.y());
+        z.extend_from_slice(c.z());
+    }
+    let (dev, host) = upload_cloud(ctx, &Cloud::from_xyz(x, y, z))?;
+    let p = FpsParams { num_samples: 64, start_index: 0 };
+    let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, &p).map_err(param_err)?;
+    let g = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, &p)?;
+    let detail = format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
+    rows.push(row("fps_batched", "ragged 4 clouds, K=64", host.len(), g == cpu, true, detail));
     Ok(rows)
 }
 
