@@ -35,6 +35,19 @@ cargo ament-build --help >/dev/null || { echo "colcon-build: 'cargo ament-build'
 mkdir -p "$ws/src"
 ln -sfn "$root" "$ws/src/$pkg"
 
+# 2b. colcon-ros-cargo passes `--target-dir <build base>` to cargo: a link from the build base to the
+#     target dir of `source scripts/ros-env.sh && cargo build --features ros` (test/ros/run.sh) lets
+#     both builds share their artifacts (same environment, same flags), so a colcon build after the
+#     tests is a no-change build instead of a second cold one. LIDAR_KERNELS_COLCON_OWN_TARGET=1: no link.
+if [ "${LIDAR_KERNELS_COLCON_OWN_TARGET:-0}" != 1 ]; then
+    shared_target="${CARGO_TARGET_DIR:-$root/target/ros}"
+    mkdir -p "$shared_target" "$ws/build"
+    if [ "$(readlink "$ws/build/$pkg" 2>/dev/null)" != "$shared_target" ]; then
+        rm -rf "$ws/build/$pkg"
+        ln -s "$shared_target" "$ws/build/$pkg"
+    fi
+fi
+
 # 3. Build (release; the `ros` feature is not a default feature). Run from the workspace root.
 t0=$(date +%s)
 (cd "$ws" && colcon build --packages-select "$pkg" --cargo-args --release --features ros)

@@ -4,8 +4,8 @@
 //! Run: `nms --ros-args --params-file config/cpu.param.yaml -r boxes_in:=/sensor/topic -p reliable:=true`
 //! `nms --list-params` prints the declared parameters (`--list-params=markdown`: a table).
 
-use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
+use lidar_kernels::ros::{node_main, NodeKind, PipelineStage};
 
-fn main() -> anyhow::Result<()> {
-    run_node(PipelineStage::new(NodeKind::Nms))
+fn main() -> std::process::ExitCode {
+    node_main(PipelineStage::new(NodeKind::Nms))
 }

@@ -5,8 +5,8 @@
 //! Run: `pipeline --ros-args --params-file config/cpu.param.yaml -r points:=/sensor/topic -p reliable:=true`
 //! `pipeline --list-params` prints the declared parameters (`--list-params=markdown`: a table).
 
-use lidar_kernels::ros::{run_node, NodeKind, PipelineStage};
+use lidar_kernels::ros::{node_main, NodeKind, PipelineStage};
 
-fn main() -> anyhow::Result<()> {
-    run_node(PipelineStage::new(NodeKind::Pipeline))
+fn main() -> std::process::ExitCode {
+    node_main(PipelineStage::new(NodeKind::Pipeline))
 }

@@ -12,6 +12,9 @@
 //! - malformed clouds (bad CDR, missing x/y/z, a field past point_step, data shorter than the
 //!   points) are counted and logged at most once per `malformed_log_period`; the node goes on;
 //! - Ctrl-C / SIGTERM: the processing thread finishes its cloud, the node stops cleanly.
+//!
+//! The five executables (`src/bin/`) run [`PipelineStage`] with a [`NodeKind`]: the library
+//! pipeline with the stages of that node, its configuration keys declared as dotted parameters.
 
 mod node;
 mod params;
@@ -20,7 +23,7 @@ pub mod queue;
 pub mod ratelimit;
 pub mod stage;
 
-pub use node::{common_params, list_params, run_node, NodeStats};
+pub use node::{common_params, list_params, node_main, run_node, NodeStats};
 pub use params::ParamTable;
 pub use crate::cloud::validate as validate_cloud;
 pub use pipeline_stage::{NodeKind, PipelineStage};

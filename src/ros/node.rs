@@ -187,6 +187,20 @@ pub fn list_params<S: Stage>(stage: &S, markdown: bool) -> String {
     out
 }
 
+/// `main` of a node executable: [`run_node`], and on error one line on stderr with the whole
+/// cause chain (`<node>: error: parameter 'backend' = 'cuda': CUDA driver library not found ...`)
+/// and exit status 1.
+pub fn node_main<S: Stage>(stage: S) -> std::process::ExitCode {
+    let name = stage.name().to_string();
+    match run_node(stage) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs `stage` as a ROS 2 node until Ctrl-C or SIGTERM. ROS arguments (`--ros-args -p name:=value
 /// -r points:=/sensor/points -r __node:=name --params-file f.yaml`) are read from the command line.
 /// Subscribes to `points` (PointCloud2, raw CDR); publishes the stage's outputs and /diagnostics.
@@ -232,7 +246,7 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
         r2r::log_warn!(&logger, "parameters given but not declared by this node (ignored): {}", undeclared.join(", "));
     }
     let params: Params = table.lock().unwrap().snapshot();
-    stage.configure(&params).context("stage configuration")?;
+    stage.configure(&params).context("configuration refused")?;
     {
         let mut t = table.lock().unwrap();
         for (name, value) in stage.effective_params() {

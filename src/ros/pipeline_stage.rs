@@ -26,7 +26,7 @@ use crate::cloud::{gather, POINTCLOUD2_TYPE};
 use crate::gpu::{BackendKind, ProfileChoice};
 use crate::pipeline::outputs::{boxes_from_cloud, markers_cdr, MARKER_ARRAY_TYPE};
 use crate::pipeline::{
-    Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
+    ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
 };
 
 /// Which node: which stages it runs, which parameters it declares, which topics it publishes.
@@ -367,7 +367,16 @@ impl PipelineStage {
             set_path(&mut tree, key, Value::Bool(*on));
         }
         let text = serde_yaml::to_string(&tree).context("configuration tree")?;
-        let cfg = PipelineConfig::from_yaml(&text, &label).map_err(|e| anyhow!("{e}"))?;
+        let cfg = PipelineConfig::from_yaml(&text, &label).map_err(|e| match e {
+            // Name the parameter as it is declared: `neighbors.ball_query.min_radius`.
+            ConfigError::Invalid { section, source, .. } => anyhow!(
+                "parameter '{section}.{}' = {}: must be {} ({label})",
+                source.key,
+                source.value,
+                source.allowed
+            ),
+            e => anyhow!("{e}"),
+        })?;
         if cfg.neighbors.enabled && !cfg.fps.enabled {
             bail!("{label}: neighbors.enabled needs fps.enabled (the neighbourhoods are around the FPS samples)");
         }
@@ -579,7 +588,7 @@ mod tests {
         let mut s = PipelineStage::new(NodeKind::Neighbors);
         let p = params(&s, &[("neighbors.ball_query.min_radius", ParamValue::Double(5.0))]);
         let e = s.build_config(&p).unwrap_err().to_string();
-        assert!(e.contains("min_radius"), "{e}");
+        assert!(e.contains("parameter 'neighbors.ball_query.min_radius' = 5"), "{e}");
 
         let mut s = PipelineStage::new(NodeKind::Pipeline);
         let p = params(&s, &[("voxelize.voxel_size", ParamValue::DoubleArray(vec![0.1, 0.1]))]);

@@ -22,7 +22,8 @@ work="$CARGO_TARGET_DIR/latency"
 mkdir -p "$work"
 REPEAT="${REPEAT:-10}"
 cargo build --release --features ros --bin pipeline --bin voxelizer --bin sampler --bin neighbors --bin lidar-kernels
-python -c 'import rosbags' 2>/dev/null || python -m pip install -q rosbags==0.11.9
+PY="${PYTHON:-python3}"
+"$PY" -c 'import rosbags' 2>/dev/null || "$PY" -m pip install -q rosbags==0.11.9
 "$bindir/lidar-kernels" sample "$work/sample" >/dev/null
 export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$(( 10 + ($$ + 37) % 90 ))}"
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
@@ -34,14 +35,14 @@ for b in voxelizer sampler neighbors pipeline; do
     "$bindir/$b" --ros-args -r __node:="lk_lat_$b" -r points:=/lk_lat/points -p reliable:=true -p qos_depth:=4 \
         -p output_depth:=4 -p backend:=cpu -p config_file:=config/pipeline.yaml >"$log" 2>&1 &
     p=$!
-    python test/ros/peer.py latency --input /lk_lat/points --node "$b=/lk_lat_$b" --bag "$work/sample/ouster_sample" \
+    "$PY" test/ros/peer.py latency --input /lk_lat/points --node "$b=/lk_lat_$b" --bag "$work/sample/ouster_sample" \
         --scan 0 --repeat "$REPEAT" --warmup 2 | tee "$work/peer-$b.log" | grep -v '^LATENCY'
     grep '^LATENCY ' "$work/peer-$b.log" | sed 's/^LATENCY //' >>"$results"
     kill -INT "$p"
     wait "$p" || true
 done
 
-python - "$results" "$REPEAT" <<'EOF' | tee "$work/table.md"
+"$PY" - "$results" "$REPEAT" <<'EOF' | tee "$work/table.md"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"| node | points | node receive->publish p50 ms | node process mean ms | e2e p50 ms | e2e min..max ms | stage p50s (ms) |")
