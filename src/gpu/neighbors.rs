@@ -17,8 +17,8 @@
 
 use super::context::GrowBuffer;
 pub use super::fps::DeviceXyz;
-use super::fps::{load_scan, param_err, time_ms, upload_cloud, upload_xyz, workload_xyz, read_workload, Rng};
-use super::report::{BenchRow, CheckRow};
+use super::fps::{load_scan, param_err, time_ms, upload_cloud, upload_xyz, workload_xyz, read_workload};
+use super::report::{BenchRow, CheckRow, Rng};
 use super::{GpuContext, GpuError};
 use crate::cloud::Cloud;
 use crate::ops::neighbors::{ball_query as cpu_ball, knn as cpu_knn, BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors};

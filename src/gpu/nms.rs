@@ -21,7 +21,7 @@
 //! is then repeated once with a large enough capacity, so the result never depends on it.
 
 use super::context::{GpuContext, GrowBuffer, StageTimer};
-use super::report::{BenchRow, CheckRow};
+use super::report::{BenchRow, CheckRow, Rng};
 use super::GpuError;
 use crate::ops::nms::{nms as cpu_nms, Box3d, NmsError, NmsKind, NmsOutput, NmsParams};
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
@@ -320,58 +320,37 @@ pub fn nms(
 // ---------------------------------------------------------------------------------------------
 // Checks.
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn range(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * self.unit()
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// Random detector-like boxes: clusters of jittered duplicates, exact copies, a few zero-size
 /// boxes, yaw mostly in [-pi, pi] but some up to |yaw| = 8192, scores quantised (many ties,
 /// both signs of zero), classes 0..3.
 pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
-    let mut r = Rng(seed ^ 0x6e6d_735f_6770_7521 ^ (n as u64).wrapping_mul(0x1000_0000_01b3));
+    let mut r = Rng::new(seed ^ 0x6e6d_735f_6770_7521 ^ (n as u64).wrapping_mul(0x1000_0000_01b3));
     let objects = (n / 20).max(1);
     let centres: Vec<(f32, f32, f32, f32, f32)> = (0..objects)
-        .map(|_| (r.range(-60.0, 60.0), r.range(-60.0, 60.0), r.range(0.4, 5.0), r.range(0.4, 2.5), r.range(-3.2, 3.2)))
+        .map(|_| (r.f32(-60.0, 60.0), r.f32(-60.0, 60.0), r.f32(0.4, 5.0), r.f32(0.4, 2.5), r.f32(-3.2, 3.2)))
         .collect();
     let mut boxes: Vec<Box3d> = Vec::with_capacity(n);
     for i in 0..n {
         let u = r.unit();
         let b = if i > 0 && u < 0.08 {
-            boxes[r.below(i)] // exact duplicate
+            boxes[r.below(i as u64) as usize] // exact duplicate
         } else {
-            let (cx, cy, l, w, yaw) = centres[r.below(objects)];
+            let (cx, cy, l, w, yaw) = centres[r.below(objects as u64) as usize];
             let mut b = Box3d::new(
-                cx + r.range(-0.6, 0.6),
-                cy + r.range(-0.6, 0.6),
-                r.range(-1.5, 0.5),
-                l * r.range(0.85, 1.15),
-                w * r.range(0.85, 1.15),
+                cx + r.f32(-0.6, 0.6),
+                cy + r.f32(-0.6, 0.6),
+                r.f32(-1.5, 0.5),
+                l * r.f32(0.85, 1.15),
+                w * r.f32(0.85, 1.15),
                 1.6,
-                yaw + r.range(-0.3, 0.3),
+                yaw + r.f32(-0.3, 0.3),
             );
             let v = r.unit();
             if v < 0.03 {
-                b.yaw = r.range(-8192.0, 8192.0);
+                b.yaw = r.f32(-8192.0, 8192.0);
             } else if v < 0.05 {
-                b.yaw += 2.0 * std::f32::consts::PI * (r.below(200) as f32 - 100.0);
+                b.yaw += 2.0 * std::f32::consts::PI * ((r.below(200 as u64) as usize) as f32 - 100.0);
             } else if v < 0.06 {
                 b.length = 0.0;
             }
@@ -381,7 +360,7 @@ pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
     }
     let scores: Vec<f32> = (0..n)
         .map(|_| {
-            let q = r.below(64);
+            let q = r.below(64) as usize;
             match q {
                 0 => 0.0,
                 1 => -0.0,
@@ -389,7 +368,7 @@ pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
             }
         })
         .collect();
-    let classes: Vec<i32> = (0..n).map(|_| r.below(3) as i32).collect();
+    let classes: Vec<i32> = (0..n).map(|_| (r.below(3 as u64) as usize) as i32).collect();
     (boxes, scores, classes)
 }
 
@@ -783,21 +762,3 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
     Ok(rows)
 }
 
-/// Device-to-device copy bandwidth (read + write), for the bench table.
-pub fn copy_bandwidth_gbs(ctx: &GpuContext) -> Result<f64, GpuError> {
-    let s = &ctx.stream;
-    let n = 64usize << 20; // 256 MB of f32
-    let a = s.alloc_zeros::<f32>(n)?;
-    let mut b = s.alloc_zeros::<f32>(n)?;
-    let mut t = ctx.stage_timer();
-    s.memcpy_dtod(&a, &mut b)?;
-    let mut v = Vec::new();
-    for _ in 0..5 {
-        t.start()?;
-        s.memcpy_dtod(&a, &mut b)?;
-        t.stage("copy")?;
-        v.push(t.finish()?[0].1 as f64);
-    }
-    let ms = median(&mut v);
-    Ok(2.0 * (n * 4) as f64 / (ms * 1e-3) / 1e9)
-}

@@ -1,5 +1,6 @@
 //! Rows of the `check-gpu` and `bench` tables, shared by every operator family.
 
+use crate::cloud::Cloud;
 use std::fmt;
 
 /// One GPU-vs-CPU comparison: integer outputs must be identical, float outputs within `max_rel_err`
@@ -108,5 +109,49 @@ impl fmt::Display for BenchTable {
             )?;
         }
         Ok(())
+    }
+}
+
+/// The deterministic generator (splitmix64) of every GPU check's random clouds and boxes.
+pub(crate) struct Rng(u64);
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub(crate) fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Uniform in [lo, hi).
+    pub(crate) fn f32(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+    pub(crate) fn cloud(&mut self, n: usize, half: f32) -> Cloud {
+        let (mut x, mut y, mut z) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            x.push(self.f32(-half, half));
+            y.push(self.f32(-half, half));
+            z.push(self.f32(-half / 8.0, half / 8.0));
+        }
+        Cloud::from_xyz(x, y, z)
+    }
+    /// Points on a coarse integer lattice: many exact duplicates and equal distances.
+    pub(crate) fn lattice(&mut self, n: usize, side: u64) -> Cloud {
+        let mut pts = Vec::with_capacity(n);
+        for _ in 0..n {
+            pts.push([self.below(side) as f32, self.below(side) as f32, self.below(side.div_ceil(2)) as f32]);
+        }
+        Cloud::from_points(&pts)
     }
 }

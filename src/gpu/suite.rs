@@ -3,7 +3,7 @@
 
 use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
 use super::smoke::{big_message, compare_with_cpu, exotic_message};
-use super::{fps, neighbors, nms, voxel, GpuContext, GpuError};
+use super::{fps, neighbors, nms, voxel, GpuContext, GpuError, GpuOptions, ProfileChoice};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message};
 use crate::cloud::{Header, PointCloud2};
 use crate::pipeline::{Engine, Pipeline, PipelineConfig};
@@ -49,9 +49,27 @@ fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, Gp
     Ok(rows)
 }
 
+/// A second context with the same options must load every module from the cubin cache.
+fn check_cache(ctx: &GpuContext) -> Result<CheckRow, GpuError> {
+    let options = GpuOptions { profile: ProfileChoice::Named(ctx.profile.name.clone()), cache_dir: ctx.cache_dir.clone(), ..GpuOptions::default() };
+    let second = GpuContext::new(options)?;
+    let (hits, modules) = (second.cache_hits(), second.modules().len());
+    Ok(CheckRow {
+        operator: "cubin cache".into(),
+        case: "second start".into(),
+        points: 0,
+        integers_identical: hits == modules,
+        max_rel_err: 0.0,
+        float_tolerance: 0.0,
+        deterministic: true,
+        detail: format!("{hits} of {modules} modules loaded from the cache, none compiled"),
+    })
+}
+
 /// Every check; `seed` draws the random clouds and boxes.
 pub fn check_all(ctx: &GpuContext, seed: u64, ouster_dir: &Path, eval_dir: Option<&Path>) -> Result<CheckTable, GpuError> {
-    let mut rows = check_gather(ctx, ouster_dir)?;
+    let mut rows = vec![check_cache(ctx)?];
+    rows.extend(check_gather(ctx, ouster_dir)?);
     rows.extend(voxel::check(ctx, seed, ouster_dir)?);
     rows.extend(fps::check(ctx, seed, ouster_dir)?);
     rows.extend(neighbors::check(ctx, seed, ouster_dir)?);

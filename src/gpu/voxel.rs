@@ -30,7 +30,7 @@
 
 use super::context::{GpuContext, StageTimer};
 use super::gather::DeviceCloud;
-use super::report::{BenchRow, CheckRow};
+use super::report::{BenchRow, CheckRow, Rng};
 use super::GpuError;
 use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
 use crate::ops::voxel::{DynamicVoxels, Downsampled, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
@@ -751,34 +751,14 @@ pub fn w1_voxels() -> HardVoxelParams {
     }
 }
 
-/// Deterministic SplitMix64 generator for the random check clouds.
-pub(crate) struct SplitMix(u64);
 
-impl SplitMix {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed ^ 0x5851_F42D_4C95_7F2D)
-    }
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [lo, hi).
-    pub(crate) fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-        lo + (hi - lo) * u
-    }
-}
-
-fn random_cloud(rng: &mut SplitMix, n: usize) -> Cloud {
+fn random_cloud(rng: &mut Rng, n: usize) -> Cloud {
     let mut c = [Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n)];
     for _ in 0..n {
-        c[0].push(rng.uniform(-60.0, 60.0));
-        c[1].push(rng.uniform(-60.0, 60.0));
-        c[2].push(rng.uniform(-6.0, 6.0));
-        c[3].push(rng.uniform(0.0, 255.0));
+        c[0].push(rng.f32(-60.0, 60.0));
+        c[1].push(rng.f32(-60.0, 60.0));
+        c[2].push(rng.f32(-6.0, 6.0));
+        c[3].push(rng.f32(0.0, 255.0));
     }
     let [x, y, z, i] = c;
     Cloud::from_xyz(x, y, z).with_channel("intensity", i)
@@ -787,7 +767,7 @@ fn random_cloud(rng: &mut SplitMix, n: usize) -> Cloud {
 /// Check clouds drawn from `seed`: (name, cloud with x, y, z, intensity). NaN points included in
 /// "nan" (the gather drops them on both sides).
 pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
-    let mut rng = SplitMix::new(seed);
+    let mut rng = Rng::new(seed);
     let mut out = vec![
         ("random 0".to_string(), random_cloud(&mut rng, 0)),
         ("random 1".to_string(), random_cloud(&mut rng, 1)),
@@ -800,9 +780,9 @@ pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
     // All points in one voxel (of both W1 grids): 20000 points in [0.01, 0.09]^2 x [0.01, 0.19].
     let n = 20_000;
     let one = Cloud::from_xyz(
-        (0..n).map(|_| rng.uniform(0.01, 0.09)).collect(),
-        (0..n).map(|_| rng.uniform(0.01, 0.09)).collect(),
-        (0..n).map(|_| rng.uniform(0.01, 0.19)).collect(),
+        (0..n).map(|_| rng.f32(0.01, 0.09)).collect(),
+        (0..n).map(|_| rng.f32(0.01, 0.09)).collect(),
+        (0..n).map(|_| rng.f32(0.01, 0.19)).collect(),
     )
     .with_channel("intensity", (0..n).map(|k| k as f32).collect());
     out.push(("one voxel 20k".to_string(), one));
