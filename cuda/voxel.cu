@@ -692,3 +692,15 @@ vox_pillar(const float* __restrict__ features, const unsigned int* __restrict__ 
         if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
     }
 }
+
+// fp16 copies of voxel features for fp16 networks (Jetson). cvt.rn rounds to nearest even, the
+// rounding of half::f16::from_f32 on the host, so the CPU reference gives the same bits. Inline PTX
+// keeps NVRTC free of the cuda_fp16.h header.
+extern "C" __global__ void vox_to_half(const float* __restrict__ in, unsigned short* __restrict__ out, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(in[i]));
+        out[i] = h;
+    }
+}

@@ -857,3 +857,14 @@ fn time_voxelize_hard_w1_pillars() {
     }
 }
 
+
+/// fp16 emission rounds to nearest even; values worked out by hand from the binary16 format:
+/// 1.0 = 0x3C00; 65504 (largest finite) = 0x7BFF; 65520 is the midpoint to 65536 and rounds to even,
+/// i.e. up to infinity 0x7C00; 2^-24 (smallest subnormal) = 0x0001; 1 + 2^-11 is the midpoint between
+/// 1.0 and 1 + 2^-10 and rounds to the even 0x3C00; -2.5 = 0xC100.
+#[test]
+fn features_f16_rounding() {
+    let input = [1.0f32, 65504.0, 65520.0, 2f32.powi(-24), 1.0 + 2f32.powi(-11), -2.5];
+    let bits: Vec<u16> = lidar_kernels::ops::voxel::features_f16(&input).iter().map(|h| h.to_bits()).collect();
+    assert_eq!(bits, [0x3C00, 0x7BFF, 0x7C00, 0x0001, 0x3C00, 0xC100]);
+}

@@ -181,6 +181,9 @@ pub struct GpuVoxelizer {
     f_fill: CudaFunction,
     f_means: CudaFunction,
     f_pillar: CudaFunction,
+    f_half: CudaFunction,
+    /// fp16 copies of the features ([`Self::hard_features_f16`]).
+    half: DevBuf<u16>,
     /// Hash keys + 1 (0 = empty); all-zero between calls (the first point of each voxel clears its key).
     table_keys: DevBuf<u64>,
     /// `gen << 32 | !first point` per slot (generation-tagged: never cleared).
@@ -231,6 +234,8 @@ impl GpuVoxelizer {
             f_fill: f("vox_hard_fill")?,
             f_means: f("vox_dyn_means")?,
             f_pillar: f("vox_pillar")?,
+            f_half: f("vox_to_half")?,
+            half: DevBuf::new(s, pools),
             table_keys: DevBuf::new(s, pools),
             table_first: DevBuf::new(s, pools),
             table_vid: DevBuf::new(s, pools),
@@ -548,6 +553,33 @@ impl GpuVoxelizer {
             None
         };
         Ok((hv, pf))
+    }
+
+    /// fp16 copies of the last hard voxels' `[V, P, C]` features (`pillar = false`) or pillar
+    /// features (`pillar = true`), converted on the device (half the bytes come back) with the
+    /// rounding of [`crate::ops::voxel::features_f16`], so both backends give the same bits.
+    pub fn hard_features_f16(&mut self, ctx: &GpuContext, pillar: bool) -> Result<Vec<half::f16>, GpuError> {
+        let LastOp::Hard { max_points, num_channels, pillar_channels, max_voxels } = self.last else {
+            return Err(GpuError::Unsupported("no hard voxels on the device".into()));
+        };
+        let raw_written = self.last_params.flags & FLAG_RAW != 0;
+        let (src, c) = match pillar {
+            true if pillar_channels > 0 => (self.pillar.ptr(), pillar_channels),
+            false if raw_written => (self.features.ptr(), num_channels),
+            _ => return Err(GpuError::Unsupported(format!("the last hard voxelization wrote no {} features", if pillar { "pillar" } else { "raw" }))),
+        };
+        let v = (self.counters_host()?[CTR_VOXELS]).min(max_voxels) as usize;
+        let n = v * max_points * c;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let dst = self.half.ensure(n)?;
+        let n64 = n as u64;
+        let mut l = ctx.stream.launch_builder(&self.f_half);
+        l.arg(&src).arg(&dst).arg(&n64);
+        // SAFETY: matches vox_to_half; src holds >= n floats (sized for key_max >= v voxels), dst n.
+        unsafe { l.launch(cfg(Self::fill_blocks(ctx, n), ctx.profile.block_size.voxel)) }?;
+        Ok(self.half.to_host(n)?.into_iter().map(half::f16::from_bits).collect())
     }
 
     /// Copies the last dynamic result back (waits for the stream).
@@ -945,8 +977,23 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             let exp = cpu::voxelize_hard(&proj, params).map_err(|e| GpuError::Unsupported(e.to_string()))?;
             vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
             let (g1, pf1) = vox.hard_to_host(ctx)?;
+            let half_raw = vox.hard_features_f16(ctx, false)?;
+            let half_pillar = vox.hard_features_f16(ctx, true)?;
             vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
             let (g2, pf2) = vox.hard_to_host(ctx)?;
+            let half_bits = |h: &[half::f16]| h.iter().map(|v| if v.is_nan() { u16::MAX } else { v.to_bits() }).collect::<Vec<u16>>();
+            let half_same = half_bits(&half_raw) == half_bits(&cpu::features_f16(&exp.features))
+                && pf1.as_ref().is_some_and(|p| half_bits(&half_pillar) == half_bits(&cpu::features_f16(&p.features)));
+            rows.push(CheckRow {
+                operator: "voxel features fp16".into(),
+                case: label.clone(),
+                points: npts,
+                integers_identical: half_same,
+                max_rel_err: 0.0,
+                float_tolerance: 0.0,
+                deterministic: half_bits(&half_raw) == half_bits(&vox.hard_features_f16(ctx, false)?),
+                detail: format!("{} raw + {} pillar values, fp16 bits vs CPU rounding (NaN as one class)", half_raw.len(), half_pillar.len()),
+            });
             let ints = hard_same(&g1, &exp);
             let rel = if bits_eq(&g1.features, &exp.features) { 0.0 } else { max_rel(&g1.features, &exp.features).max(1e-300) };
             rows.push(CheckRow {

@@ -626,3 +626,10 @@ mod tests {
         assert_eq!(g.coord([0.08, 0.08, -1.0]), Some([0, 248, 0]));
     }
 }
+
+/// fp16 copies of float features (round to nearest even, `half::f16::from_f32`) for fp16 networks,
+/// as the GPU backend emits them (`gpu::voxel::GpuVoxelizer::hard_features_f16`); geometry and
+/// distances stay f32.
+pub fn features_f16(features: &[f32]) -> Vec<half::f16> {
+    features.iter().map(|&v| half::f16::from_f32(v)).collect()
+}
