@@ -11,4 +11,5 @@ pub mod gpu;
 pub mod ops;
 pub mod pipeline;
 pub mod replay;
-#[cfg(feature = "ros")] pub mod ros;
+#[cfg(feature = "ros")]
+pub mod ros;

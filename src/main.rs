@@ -47,9 +47,7 @@ enum Command {
     },
     /// Per topic: message count and the SHA-256 of every message's stamp and bytes, in order (two
     /// replays on different backends must print the same digests).
-    Digest {
-        bag: PathBuf,
-    },
+    Digest { bag: PathBuf },
     /// Compile every CUDA kernel with every target profile for sm_72, sm_87 and sm_90 (NVRTC only, no GPU).
     NvrtcCheck,
     /// Every operator on the GPU and the CPU: integer outputs bit-identical, two GPU runs identical.
@@ -124,9 +122,7 @@ fn write_report(path: Option<&std::path::Path>, text: &str) -> Result<()> {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(Cli::parse()) {
@@ -147,8 +143,15 @@ fn run(cli: Cli) -> Result<()> {
                 Some(b) => b,
                 None => sample_bag()?,
             };
-            let summary = replay(&ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet }, config, engine)?;
-            println!("\nreplayed {} frames of {} from {} (backend {})", summary.frames, summary.topic, bag.display(), summary.backend);
+            let summary =
+                replay(&ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet }, config, engine)?;
+            println!(
+                "\nreplayed {} frames of {} from {} (backend {})",
+                summary.frames,
+                summary.topic,
+                bag.display(),
+                summary.backend
+            );
             if summary.box_frames > 0 {
                 println!("nms over {} box messages", summary.box_frames);
             }

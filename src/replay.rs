@@ -80,13 +80,22 @@ fn cloud_topic(reader: &bag::BagReader, asked: Option<&str>, boxes_topic: Option
         return Ok(t.to_string());
     }
     let path = reader.path().display().to_string();
-    let clouds: Vec<&str> =
-        reader.topics().iter().filter(|t| t.type_name == POINTCLOUD2_TYPE && Some(t.name.as_str()) != boxes_topic).map(|t| t.name.as_str()).collect();
+    let clouds: Vec<&str> = reader
+        .topics()
+        .iter()
+        .filter(|t| t.type_name == POINTCLOUD2_TYPE && Some(t.name.as_str()) != boxes_topic)
+        .map(|t| t.name.as_str())
+        .collect();
     match clouds.as_slice() {
         [one] => Ok(one.to_string()),
         [] => Err(ReplayError::NoCloudTopic {
             path,
-            topics: reader.topics().iter().map(|t| format!("{} ({})", t.name, t.type_name)).collect::<Vec<_>>().join(", "),
+            topics: reader
+                .topics()
+                .iter()
+                .map(|t| format!("{} ({})", t.name, t.type_name))
+                .collect::<Vec<_>>()
+                .join(", "),
         }),
         many => Err(ReplayError::AmbiguousTopic { path, topics: many.join(", ") }),
     }
@@ -160,13 +169,24 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
             }
         };
         if boxes_topic.as_deref() == Some(msg.topic.as_str()) {
-            match msg.expect_type(POINTCLOUD2_TYPE).map_err(|e| e.to_string()).and_then(|b| {
-                pipeline.process_boxes_cdr(b).map_err(|e| e.to_string())
-            }) {
+            match msg
+                .expect_type(POINTCLOUD2_TYPE)
+                .map_err(|e| e.to_string())
+                .and_then(|b| pipeline.process_boxes_cdr(b).map_err(|e| e.to_string()))
+            {
                 Ok((header, kept, boxes)) => {
                     box_frames += 1;
                     if opts.verbose_frames {
-                        say(&progress, format!("boxes stamp {}.{:09} kept {} of {}", header.stamp_sec, header.stamp_nanosec, kept.keep.len(), kept.candidates));
+                        say(
+                            &progress,
+                            format!(
+                                "boxes stamp {}.{:09} kept {} of {}",
+                                header.stamp_sec,
+                                header.stamp_nanosec,
+                                kept.keep.len(),
+                                kept.candidates
+                            ),
+                        );
                     }
                     if let Some(o) = out.as_mut() {
                         o.write(BOXES_TOPIC, header.stamp_ns(), &boxes.to_cdr())?;
@@ -183,9 +203,10 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
             continue;
         }
         progress.inc(1);
-        let result = msg.expect_type(POINTCLOUD2_TYPE).map_err(|e| e.to_string()).and_then(|bytes| {
-            pipeline.process_cdr(bytes).map_err(|e| e.to_string())
-        });
+        let result = msg
+            .expect_type(POINTCLOUD2_TYPE)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| pipeline.process_cdr(bytes).map_err(|e| e.to_string()));
         match result {
             Ok(frame) => {
                 if opts.verbose_frames {

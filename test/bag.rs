@@ -1,6 +1,8 @@
 mod common;
 
-use lidar_kernels::bag::sample::{self, SAMPLE_FRAME_ID, SAMPLE_PERIOD_NS, SAMPLE_SCANS, SAMPLE_START_NS, SAMPLE_TOPIC};
+use lidar_kernels::bag::sample::{
+    self, SAMPLE_FRAME_ID, SAMPLE_PERIOD_NS, SAMPLE_SCANS, SAMPLE_START_NS, SAMPLE_TOPIC,
+};
 use lidar_kernels::bag::{self, BagError, BagMessage, McapBagWriter, Storage, WriterOptions};
 use lidar_kernels::cloud::{gather, PointLayout, POINTCLOUD2_TYPE};
 use rand::{Rng, SeedableRng};
@@ -21,7 +23,8 @@ const BYTES_DEF: &str = "uint8[] data\n";
 /// 300 kB payloads, log times not monotonic across topics.
 fn sample_messages(seed: u64, n: usize) -> Vec<BagMessage> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let topics = [("/a", "test_msgs/msg/Str"), ("/b/bytes", "test_msgs/msg/Bytes"), ("/ouster/points", POINTCLOUD2_TYPE)];
+    let topics =
+        [("/a", "test_msgs/msg/Str"), ("/b/bytes", "test_msgs/msg/Bytes"), ("/ouster/points", POINTCLOUD2_TYPE)];
     (0..n)
         .map(|i| {
             let (topic, type_name) = topics[i % 3];
@@ -31,7 +34,8 @@ fn sample_messages(seed: u64, n: usize) -> Vec<BagMessage> {
                 _ => rng.random_range(1..2000),
             };
             let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-            let log_time_ns = 1_000_000_000 + (i as u64) * 1000 + if i % 3 == 1 { 0 } else { 500 } - (i as u64 % 2) * 700;
+            let log_time_ns =
+                1_000_000_000 + (i as u64) * 1000 + if i % 3 == 1 { 0 } else { 500 } - (i as u64 % 2) * 700;
             BagMessage { topic: topic.into(), type_name: type_name.into(), log_time_ns, data }
         })
         .collect()
@@ -150,13 +154,18 @@ fn folder_with_several_files_reads_in_metadata_order() {
     assert!(err.to_string().contains("multi_7.mcap"), "{err}");
 
     // Unknown storage plugin.
-    std::fs::write(dir.join("metadata.yaml"), yaml.replace("storage_identifier: mcap", "storage_identifier: rosbag_v1")).unwrap();
+    std::fs::write(
+        dir.join("metadata.yaml"),
+        yaml.replace("storage_identifier: mcap", "storage_identifier: rosbag_v1"),
+    )
+    .unwrap();
     let err = bag::open(&dir).unwrap_err();
     assert!(matches!(err, BagError::UnknownStorage { .. }), "{err:?}");
     assert!(err.to_string().contains("rosbag_v1") && err.to_string().contains("metadata.yaml"), "{err}");
 
     // Whole-file compression is reported as unsupported.
-    std::fs::write(dir.join("metadata.yaml"), format!("{yaml}  compression_format: zstd\n  compression_mode: FILE\n")).unwrap();
+    std::fs::write(dir.join("metadata.yaml"), format!("{yaml}  compression_format: zstd\n  compression_mode: FILE\n"))
+        .unwrap();
     let err = bag::open(&dir).unwrap_err();
     assert!(matches!(err, BagError::Unsupported { .. }), "{err:?}");
 
@@ -187,7 +196,8 @@ fn write_db3(path: &Path, topics: &[(i64, &str, &str)], messages: &[(i64, i64, i
         .unwrap();
     }
     for (id, topic_id, ts, data) in messages {
-        conn.execute("INSERT INTO messages VALUES (?1, ?2, ?3, ?4)", rusqlite::params![id, topic_id, ts, data]).unwrap();
+        conn.execute("INSERT INTO messages VALUES (?1, ?2, ?3, ?4)", rusqlite::params![id, topic_id, ts, data])
+            .unwrap();
     }
 }
 
@@ -196,7 +206,11 @@ fn sqlite3_bag_reads_in_timestamp_order() {
     let dir = temp_dir("sqlite").join("db_bag");
     std::fs::create_dir_all(&dir).unwrap();
     let db = dir.join("db_bag_0.db3");
-    let topics = [(1, "/ouster/points", POINTCLOUD2_TYPE), (2, "/diag", "diagnostic_msgs/msg/DiagnosticArray"), (3, "/unused", "std_msgs/msg/Empty")];
+    let topics = [
+        (1, "/ouster/points", POINTCLOUD2_TYPE),
+        (2, "/diag", "diagnostic_msgs/msg/DiagnosticArray"),
+        (3, "/unused", "std_msgs/msg/Empty"),
+    ];
     // 50 messages inserted out of time order, with timestamp ties (broken by id).
     let mut rows = Vec::new();
     for i in 0..50i64 {
@@ -273,7 +287,13 @@ fn missing_and_unknown_files_are_reported() {
     let err = items.into_iter().next().unwrap().unwrap_err();
     assert!(matches!(err, BagError::TopicNotFound { .. }), "{err:?}");
     let text = err.to_string();
-    assert!(text.contains("/lidar") && text.contains("/ouster/points") && text.contains("/b/bytes") && text.contains("t.mcap"), "{text}");
+    assert!(
+        text.contains("/lidar")
+            && text.contains("/ouster/points")
+            && text.contains("/b/bytes")
+            && text.contains("t.mcap"),
+        "{text}"
+    );
 
     // A type without a known definition is refused with the list of known ones.
     let mut w = McapBagWriter::create(dir.join("u.mcap")).unwrap();
@@ -298,7 +318,10 @@ fn wrong_message_type_on_topic_is_a_clear_error() {
     for e in [&err, &first] {
         assert!(matches!(e, BagError::WrongType { .. }), "{e:?}");
         let text = e.to_string();
-        assert!(text.contains("std_msgs/msg/String") && text.contains(POINTCLOUD2_TYPE) && text.contains(SAMPLE_TOPIC), "{text}");
+        assert!(
+            text.contains("std_msgs/msg/String") && text.contains(POINTCLOUD2_TYPE) && text.contains(SAMPLE_TOPIC),
+            "{text}"
+        );
         assert!(text.contains("w.mcap"), "{text}");
     }
     // Per message as well.
@@ -371,7 +394,10 @@ fn truncated_mcap_never_panics_and_reads_a_prefix() {
                 }
             }
         }
-        eprintln!("compress={compress}: {} offsets: {errors_at_open} errors at open, {partial} partial, {complete} complete", bytes.len());
+        eprintln!(
+            "compress={compress}: {} offsets: {errors_at_open} errors at open, {partial} partial, {complete} complete",
+            bytes.len()
+        );
         assert!(partial > 0 && complete > 0);
     }
 }
@@ -475,7 +501,12 @@ fn python_rosbags_checker_accepts_the_sample_bag() {
     let bag_dir = sample::write_sample_bag(&dir).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("test/python/check_sample_bag.py");
     let out = std::process::Command::new(&py).arg(&script).arg(&bag_dir).output().unwrap();
-    assert!(out.status.success(), "checker failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "checker failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     // And it does notice a mismatch.
     let out = std::process::Command::new(&py)
         .arg(&script)
@@ -498,4 +529,3 @@ fn write_sample_bag_for_python() {
     let bag_dir = sample::write_sample_bag(&out).unwrap();
     println!("SAMPLE_BAG={}", bag_dir.display());
 }
-

@@ -28,12 +28,19 @@ fn invalid_values_name_key_and_range() {
         ("voxelize: {voxel_size: [0.1, -1, 0.1]}", "voxelize.", "voxel_size[1]"),
         ("downsample: {point_cloud_range: [0, 0, 0, -1, 1, 1]}", "downsample.", "point_cloud_range[3]"),
         ("fps: {num_samples: 0}", "fps.", "num_samples"),
-        ("neighbors: {ball_query: {radius: 1.0, min_radius: 2.0, nsample: 8, padding: minus_one}}", "neighbors.ball_query.", "min_radius"),
+        (
+            "neighbors: {ball_query: {radius: 1.0, min_radius: 2.0, nsample: 8, padding: minus_one}}",
+            "neighbors.ball_query.",
+            "min_radius",
+        ),
         ("nms: {kind: axis_aligned, threshold: 1.5}", "nms.", "threshold"),
     ];
     for (yaml, section, key) in cases {
         let err = PipelineConfig::from_yaml(yaml, "bad.yaml").unwrap_err().to_string();
-        assert!(err.contains("bad.yaml") && err.contains(&format!("{section}invalid parameter {key}")), "{yaml}: {err}");
+        assert!(
+            err.contains("bad.yaml") && err.contains(&format!("{section}invalid parameter {key}")),
+            "{yaml}: {err}"
+        );
     }
 }
 

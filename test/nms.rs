@@ -29,8 +29,10 @@ fn score_key(s: f32) -> i32 {
 }
 
 fn oracle_order(scores: &[f32], score_threshold: f32, pre: Option<usize>) -> Vec<usize> {
-    let mut v: Vec<(i64, usize)> =
-        (0..scores.len()).filter(|&i| scores[i] >= score_threshold).map(|i| (-(score_key(scores[i]) as i64), i)).collect();
+    let mut v: Vec<(i64, usize)> = (0..scores.len())
+        .filter(|&i| scores[i] >= score_threshold)
+        .map(|i| (-(score_key(scores[i]) as i64), i))
+        .collect();
     v.sort_unstable();
     let mut order: Vec<usize> = v.into_iter().map(|(_, i)| i).collect();
     if let Some(p) = pre {
@@ -247,11 +249,8 @@ fn scene(n: usize, seed: u64) -> Scene {
             } else {
                 (rng.random_range(-half..half), rng.random_range(-half..half))
             };
-            let (mut l, mut w) = if snap {
-                (1.0, 1.0)
-            } else {
-                (rng.random_range(0.1f32..5.0), rng.random_range(0.1f32..3.0))
-            };
+            let (mut l, mut w) =
+                if snap { (1.0, 1.0) } else { (rng.random_range(0.1f32..5.0), rng.random_range(0.1f32..3.0)) };
             if rng.random_bool(0.03) {
                 l = 0.0;
             }
@@ -452,13 +451,15 @@ fn sincos_exhaustive() {
             mc = c;
         }
     }
-    println!("exhaustive |yaw| <= {MAX_ABS_YAW}: max sin error {:.4} ulp at {:e}, max cos error {:.4} ulp at {:e}", ms.0, ms.1, mc.0, mc.1);
+    println!(
+        "exhaustive |yaw| <= {MAX_ABS_YAW}: max sin error {:.4} ulp at {:e}, max cos error {:.4} ulp at {:e}",
+        ms.0, ms.1, mc.0, mc.1
+    );
     assert!(ms.0 <= SINCOS_ULP_BOUND && mc.0 <= SINCOS_ULP_BOUND);
 }
 
 // ------------------------------------------------------------------------------------------
 // Hand-checked cases.
-
 
 fn bx(x: f32, y: f32, l: f32, w: f32, yaw: f32) -> Box3d {
     Box3d::new(x, y, 0.0, l, w, 1.0, yaw)
@@ -651,7 +652,10 @@ fn errors_name_their_cause() {
     // yaw is not read by the other kinds
     assert!(nms(&[a, huge_yaw], &[0.1, 0.2], &[], &NmsParams::new(NmsKind::AxisAligned, 0.5)).is_ok());
     let nan_x = bx(f32::NAN, 0.0, 1.0, 1.0, 0.0);
-    assert!(matches!(nms(&[nan_x], &[0.1], &[], &NmsParams::new(NmsKind::Circle, 1.0)), Err(NmsError::InvalidBox { index: 0, .. })));
+    assert!(matches!(
+        nms(&[nan_x], &[0.1], &[], &NmsParams::new(NmsKind::Circle, 1.0)),
+        Err(NmsError::InvalidBox { index: 0, .. })
+    ));
     // empty input
     assert_eq!(nms(&[], &[], &[], &p).unwrap(), NmsOutput { keep: vec![], candidates: 0 });
 }

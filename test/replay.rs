@@ -125,7 +125,8 @@ fn boxes_topic_goes_through_nms() {
     let mut w = McapBagWriter::create(&path).unwrap();
     let scan = common::load_ouster("os1-32_scan0.bin");
     let clouds = w.add_topic("/points", POINTCLOUD2_TYPE).unwrap();
-    w.write(clouds, 1, &PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::packed_for(&scan)).to_cdr()).unwrap();
+    w.write(clouds, 1, &PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::packed_for(&scan)).to_cdr())
+        .unwrap();
     let topic = w.add_topic(&config.nms.boxes_topic, POINTCLOUD2_TYPE).unwrap();
     let header = Header { stamp_sec: 5, stamp_nanosec: 7, frame_id: "lidar".into() };
     w.write(topic, 2, &boxes_message(&header, &boxes, &scores, &labels).to_cdr()).unwrap();

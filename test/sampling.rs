@@ -157,11 +157,7 @@ fn point(flavour: u8) -> BoxedStrategy<[f32; 3]> {
             1 => Just([0.5, 0.5, f32::NEG_INFINITY]),
         ]
         .boxed(),
-        _ => prop_oneof![
-            lattice.prop_map(|p| [p[0], p[1], 0.0]),
-            float.prop_map(|p| [p[0], p[1], 0.0]),
-        ]
-        .boxed(),
+        _ => prop_oneof![lattice.prop_map(|p| [p[0], p[1], 0.0]), float.prop_map(|p| [p[0], p[1], 0.0]),].boxed(),
     }
 }
 
@@ -336,11 +332,13 @@ fn fps_hand_worked_line() {
     //  j=2: to x=8: [64, 49, 25, 1, 0]; min -> [., 1, 9, 1, .] -> max 9 at index 2 (x=3)
     //  j=3: to x=3: [9, 4, 0, 16, 25];  min -> [., 1, ., 1, .] -> tie 1 at 1 and 3 -> lowest, 1
     //  j=4: only index 3 left.  K = 7 > N = 5: two -1.
-    let out = farthest_point_sample(&line(&[0.0, 1.0, 3.0, 7.0, 8.0]), &FpsParams { num_samples: 7, start_index: 0 }).unwrap();
+    let out = farthest_point_sample(&line(&[0.0, 1.0, 3.0, 7.0, 8.0]), &FpsParams { num_samples: 7, start_index: 0 })
+        .unwrap();
     assert_eq!(out.indices, vec![0, 4, 2, 1, 3, -1, -1]);
     // Start at index 3 (x=7): to x=7: [49, 36, 16, 0, 1] -> 0 (x=0); then min [., 1, 9, ., 1]
     // -> 2 (x=3); then min with x=3: [., 1, ., ., 1] -> tie 1 at 1 and 4 -> 1; then 4.
-    let out = farthest_point_sample(&line(&[0.0, 1.0, 3.0, 7.0, 8.0]), &FpsParams { num_samples: 5, start_index: 3 }).unwrap();
+    let out = farthest_point_sample(&line(&[0.0, 1.0, 3.0, 7.0, 8.0]), &FpsParams { num_samples: 5, start_index: 3 })
+        .unwrap();
     assert_eq!(out.indices, vec![3, 0, 2, 1, 4]);
 }
 
@@ -349,15 +347,27 @@ fn fps_duplicates_and_degenerate() {
     // [A, A, B] with start 0: min distances after A: [., 0, d] -> 2; then [., 0, .] -> 1
     // (the unselected duplicate; never an already selected index).
     let c = Cloud::from_points(&[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [2.0, 1.0, 1.0]]);
-    assert_eq!(farthest_point_sample(&c, &FpsParams { num_samples: 4, start_index: 0 }).unwrap().indices, vec![0, 2, 1, -1]);
+    assert_eq!(
+        farthest_point_sample(&c, &FpsParams { num_samples: 4, start_index: 0 }).unwrap().indices,
+        vec![0, 2, 1, -1]
+    );
     // All points identical: every min distance is 0 -> lowest unselected each time.
     let same = Cloud::from_points(&[[3.0, -2.0, 0.5]; 6]);
-    assert_eq!(farthest_point_sample(&same, &FpsParams { num_samples: 4, start_index: 2 }).unwrap().indices, vec![2, 0, 1, 3]);
+    assert_eq!(
+        farthest_point_sample(&same, &FpsParams { num_samples: 4, start_index: 2 }).unwrap().indices,
+        vec![2, 0, 1, 3]
+    );
     // One point, N = 0.
     let one = Cloud::from_points(&[[5.0, 5.0, 5.0]]);
-    assert_eq!(farthest_point_sample(&one, &FpsParams { num_samples: 3, start_index: 0 }).unwrap().indices, vec![0, -1, -1]);
+    assert_eq!(
+        farthest_point_sample(&one, &FpsParams { num_samples: 3, start_index: 0 }).unwrap().indices,
+        vec![0, -1, -1]
+    );
     let empty = Cloud::default();
-    assert_eq!(farthest_point_sample(&empty, &FpsParams { num_samples: 3, start_index: 7 }).unwrap().indices, vec![-1, -1, -1]);
+    assert_eq!(
+        farthest_point_sample(&empty, &FpsParams { num_samples: 3, start_index: 7 }).unwrap().indices,
+        vec![-1, -1, -1]
+    );
     // K = 1: only the start.
     assert_eq!(farthest_point_sample(&same, &FpsParams { num_samples: 1, start_index: 5 }).unwrap().indices, vec![5]);
 }
@@ -371,7 +381,8 @@ fn fps_batched_hand_worked() {
     assert_eq!(out.offsets, vec![0, 5, 5, 7]);
     assert_eq!(out.num_samples, 3);
     // No clouds at all.
-    let none = farthest_point_sample_batched(&Cloud::default(), &[], &FpsParams { num_samples: 3, start_index: 0 }).unwrap();
+    let none =
+        farthest_point_sample_batched(&Cloud::default(), &[], &FpsParams { num_samples: 3, start_index: 0 }).unwrap();
     assert!(none.indices.is_empty());
     assert_eq!(none.offsets, vec![0]);
 }
@@ -426,34 +437,61 @@ fn ball_query_hand_worked() {
         ball_query(&p, &q, &BallQueryParams { radius, min_radius, nsample, padding }).unwrap()
     };
     // r = 1 (r2 = 1): indices 0, 1, 4 in input order; padding repeats 0 or is -1.
-    assert_eq!(run(1.0, 0.0, 5, BallPadding::FirstFound), BallQuery { indices: vec![0, 1, 4, 0, 0], counts: vec![3], width: 5 });
-    assert_eq!(run(1.0, 0.0, 5, BallPadding::Minus1), BallQuery { indices: vec![0, 1, 4, -1, -1], counts: vec![3], width: 5 });
+    assert_eq!(
+        run(1.0, 0.0, 5, BallPadding::FirstFound),
+        BallQuery { indices: vec![0, 1, 4, 0, 0], counts: vec![3], width: 5 }
+    );
+    assert_eq!(
+        run(1.0, 0.0, 5, BallPadding::Minus1),
+        BallQuery { indices: vec![0, 1, 4, -1, -1], counts: vec![3], width: 5 }
+    );
     // r = 1.5: r2 = 2.25 is excluded (half-open), same as r = 1.
     assert_eq!(run(1.5, 0.0, 5, BallPadding::Minus1).indices, vec![0, 1, 4, -1, -1]);
     // min_radius 0.5: rmin2 = 0.25 is included (closed).
     assert_eq!(run(1.0, 0.5, 5, BallPadding::Minus1).indices, vec![0, 1, 4, -1, -1]);
     // min_radius 0.6, r = 2: 0.36 <= d < 4 -> indices 2, 3.
-    assert_eq!(run(2.0, 0.6, 5, BallPadding::FirstFound), BallQuery { indices: vec![2, 3, 2, 2, 2], counts: vec![2], width: 5 });
+    assert_eq!(
+        run(2.0, 0.6, 5, BallPadding::FirstFound),
+        BallQuery { indices: vec![2, 3, 2, 2, 2], counts: vec![2], width: 5 }
+    );
     // nsample 2 < found: the first two in input order.
     assert_eq!(run(2.0, 0.0, 2, BallPadding::FirstFound), BallQuery { indices: vec![0, 1], counts: vec![2], width: 2 });
     // Nothing in [0.3^2, 0.4^2): all -1 in both modes, count 0.
-    assert_eq!(run(0.4, 0.3, 3, BallPadding::FirstFound), BallQuery { indices: vec![-1, -1, -1], counts: vec![0], width: 3 });
-    assert_eq!(run(0.4, 0.3, 3, BallPadding::Minus1), BallQuery { indices: vec![-1, -1, -1], counts: vec![0], width: 3 });
+    assert_eq!(
+        run(0.4, 0.3, 3, BallPadding::FirstFound),
+        BallQuery { indices: vec![-1, -1, -1], counts: vec![0], width: 3 }
+    );
+    assert_eq!(
+        run(0.4, 0.3, 3, BallPadding::Minus1),
+        BallQuery { indices: vec![-1, -1, -1], counts: vec![0], width: 3 }
+    );
 }
 
 #[test]
 fn ball_query_degenerate() {
     let params = BallQueryParams { radius: 0.1, min_radius: 0.0, nsample: 3, padding: BallPadding::FirstFound };
     let q = line(&[9.0, 0.0]);
-    assert_eq!(ball_query(&Cloud::default(), &q, &params).unwrap(), BallQuery { indices: vec![-1; 6], counts: vec![0, 0], width: 3 });
-    assert_eq!(ball_query(&q, &Cloud::default(), &params).unwrap(), BallQuery { indices: vec![], counts: vec![], width: 3 });
+    assert_eq!(
+        ball_query(&Cloud::default(), &q, &params).unwrap(),
+        BallQuery { indices: vec![-1; 6], counts: vec![0, 0], width: 3 }
+    );
+    assert_eq!(
+        ball_query(&q, &Cloud::default(), &params).unwrap(),
+        BallQuery { indices: vec![], counts: vec![], width: 3 }
+    );
     // 300 identical points at x = 9: the first three; the query at 0 has none.
     let same = line(&vec![9.0; 300]);
-    assert_eq!(ball_query(&same, &q, &params).unwrap(), BallQuery { indices: vec![0, 1, 2, -1, -1, -1], counts: vec![3, 0], width: 3 });
+    assert_eq!(
+        ball_query(&same, &q, &params).unwrap(),
+        BallQuery { indices: vec![0, 1, 2, -1, -1, -1], counts: vec![3, 0], width: 3 }
+    );
     // Non-finite points and queries: never in a ball.
     let p = Cloud::from_points(&[[f32::NAN, 0.0, 0.0], [0.0, 0.0, 0.05], [f32::INFINITY, 0.0, 0.0]]);
     let q = Cloud::from_points(&[[0.0, 0.0, 0.0], [0.0, f32::NAN, 0.0]]);
-    assert_eq!(ball_query(&p, &q, &params).unwrap(), BallQuery { indices: vec![1, 1, 1, -1, -1, -1], counts: vec![1, 0], width: 3 });
+    assert_eq!(
+        ball_query(&p, &q, &params).unwrap(),
+        BallQuery { indices: vec![1, 1, 1, -1, -1, -1], counts: vec![1, 0], width: 3 }
+    );
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -463,8 +501,14 @@ fn ball_query_degenerate() {
 #[test]
 fn parameter_validation() {
     let c = line(&[0.0, 1.0, 2.0]);
-    assert_eq!(farthest_point_sample(&c, &FpsParams { num_samples: 2, start_index: 3 }).unwrap_err().key, "start_index");
-    assert_eq!(farthest_point_sample(&c, &FpsParams { num_samples: 0, start_index: 0 }).unwrap_err().key, "num_samples");
+    assert_eq!(
+        farthest_point_sample(&c, &FpsParams { num_samples: 2, start_index: 3 }).unwrap_err().key,
+        "start_index"
+    );
+    assert_eq!(
+        farthest_point_sample(&c, &FpsParams { num_samples: 0, start_index: 0 }).unwrap_err().key,
+        "num_samples"
+    );
     assert!(FpsParams { num_samples: 1, start_index: 99 }.validate().is_ok()); // checked against N at run time
     let p = FpsParams { num_samples: 2, start_index: 1 };
     assert_eq!(farthest_point_sample_batched(&c, &[1, 1], &p).unwrap_err().key, "lengths");
@@ -503,11 +547,14 @@ fn parameters_from_yaml() {
     assert_eq!(k.k, 32);
     let b: BallQueryParams = serde_yaml::from_str("radius: 2.0\nnsample: 16\npadding: minus_one").unwrap();
     assert_eq!(b, BallQueryParams { radius: 2.0, min_radius: 0.0, nsample: 16, padding: BallPadding::Minus1 });
-    let b: BallQueryParams = serde_yaml::from_str("radius: 2.0\nmin_radius: 0.5\nnsample: 16\npadding: first_found").unwrap();
+    let b: BallQueryParams =
+        serde_yaml::from_str("radius: 2.0\nmin_radius: 0.5\nnsample: 16\npadding: first_found").unwrap();
     assert_eq!(b.padding, BallPadding::FirstFound);
     assert_eq!(b.min_radius, 0.5);
     assert!(serde_yaml::from_str::<BallQueryParams>("radius: 2.0\nnsample: 16\npadding: FirstFound").is_err());
-    assert!(serde_yaml::from_str::<BallQueryParams>("radius: 2.0\nnsample: 16\npadding: minus_one\nmax_radius: 3").is_err());
+    assert!(
+        serde_yaml::from_str::<BallQueryParams>("radius: 2.0\nnsample: 16\npadding: minus_one\nmax_radius: 3").is_err()
+    );
     let round: BallQueryParams = serde_yaml::from_str(&serde_yaml::to_string(&b).unwrap()).unwrap();
     assert_eq!(round, b);
 }
@@ -529,7 +576,10 @@ fn fps_ouster_scan0_known_prefix_and_oracle() {
     assert_eq!(&out.indices[..10], &[0, 45184, 45610, 39325, 45611, 6407, 54302, 48405, 64409, 41877]);
     assert_eq!(out.indices, fps_oracle(&pts(&scan), 4096, 0));
     // Only x, y, z matter.
-    assert_eq!(farthest_point_sample(&xyz(&scan), &FpsParams { num_samples: 64, start_index: 0 }).unwrap().indices, out.indices[..64]);
+    assert_eq!(
+        farthest_point_sample(&xyz(&scan), &FpsParams { num_samples: 64, start_index: 0 }).unwrap().indices,
+        out.indices[..64]
+    );
 }
 
 /// KNN k = 16, 32 and ball query r = 1 m, 2 m (nsample 32, both paddings) of FPS-sampled queries
@@ -543,14 +593,15 @@ fn check_scan_neighbors(name: &str, n_queries: usize) {
     let qp = pts(&queries);
     let k16 = knn(&scan, &queries, &KnnParams { k: 16 }).unwrap();
     let k32 = knn(&scan, &queries, &KnnParams { k: 32 }).unwrap();
-    let balls: Vec<(BallQueryParams, BallQuery)> = [(1.0, BallPadding::FirstFound), (2.0, BallPadding::Minus1), (2.0, BallPadding::FirstFound)]
-        .into_iter()
-        .map(|(radius, padding)| {
-            let params = BallQueryParams { radius, min_radius: 0.0, nsample: 32, padding };
-            let got = ball_query(&scan, &queries, &params).unwrap();
-            (params, got)
-        })
-        .collect();
+    let balls: Vec<(BallQueryParams, BallQuery)> =
+        [(1.0, BallPadding::FirstFound), (2.0, BallPadding::Minus1), (2.0, BallPadding::FirstFound)]
+            .into_iter()
+            .map(|(radius, padding)| {
+                let params = BallQueryParams { radius, min_radius: 0.0, nsample: 32, padding };
+                let got = ball_query(&scan, &queries, &params).unwrap();
+                (params, got)
+            })
+            .collect();
     for (m, &q) in qp.iter().enumerate() {
         let sorted = sorted_by_distance(&p, q);
         for got in [&k16, &k32] {

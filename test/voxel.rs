@@ -24,7 +24,11 @@ use proptest::prelude::*;
 fn o_dims(g: &VoxelGrid) -> [f32; 3] {
     let r = &g.point_cloud_range;
     let s = &g.voxel_size;
-    [((r[3] - r[0]) / s[0]).round_ties_even(), ((r[4] - r[1]) / s[1]).round_ties_even(), ((r[5] - r[2]) / s[2]).round_ties_even()]
+    [
+        ((r[3] - r[0]) / s[0]).round_ties_even(),
+        ((r[4] - r[1]) / s[1]).round_ties_even(),
+        ((r[5] - r[2]) / s[2]).round_ties_even(),
+    ]
 }
 
 /// Voxel coordinate (x, y, z) from the doc: `c = floor((p - min) / size)` in f32; out of range when
@@ -256,7 +260,8 @@ fn grid_strategy() -> impl Strategy<Value = (VoxelGrid, [u32; 3])> {
             g.point_cloud_range[a] = lo;
             g.point_cloud_range[a + 3] = lo + s * (k as f32 + jitter);
         }
-        let ok = o_dims(&g).iter().all(|&d| d >= 1.0) && (0..3).all(|a| g.point_cloud_range[a + 3] > g.point_cloud_range[a]);
+        let ok =
+            o_dims(&g).iter().all(|&d| d >= 1.0) && (0..3).all(|a| g.point_cloud_range[a + 3] > g.point_cloud_range[a]);
         ok.then_some((g, ax.map(|t| t.2)))
     })
 }
@@ -501,20 +506,8 @@ fn hand_dynamic_and_downsample() {
     //    intensity (1 + 3 + 6) / 3 = 10/3 (likewise).
     // B: x (1.5 + 1) / 2 = 1.25, y 0.25, z 0.25, intensity (2 + 8) / 2 = 5.
     // C: p6 itself.
-    let expected = vec![
-        0.5,
-        0.5,
-        (5.0f64 / 12.0) as f32,
-        (10.0f64 / 3.0) as f32,
-        1.25,
-        0.25,
-        0.25,
-        5.0,
-        3.0,
-        3.0,
-        1.0,
-        7.0,
-    ];
+    let expected =
+        vec![0.5, 0.5, (5.0f64 / 12.0) as f32, (10.0f64 / 3.0) as f32, 1.25, 0.25, 0.25, 5.0, 3.0, 3.0, 1.0, 7.0];
     assert_eq!(d.means, expected);
     assert_eq!(d.mean(1), &[1.25, 0.25, 0.25, 5.0]);
 
@@ -843,7 +836,9 @@ fn time_voxelize_hard_w1_pillars() {
             pillars.push(t.elapsed().as_secs_f64() * 1e3);
             std::hint::black_box((h, d, pf));
         }
-        for (op, v) in [("voxelize_hard", &mut hard), ("voxelize_dynamic", &mut dynamic), ("pillar_features", &mut pillars)] {
+        for (op, v) in
+            [("voxelize_hard", &mut hard), ("voxelize_dynamic", &mut dynamic), ("pillar_features", &mut pillars)]
+        {
             v.sort_by(f64::total_cmp);
             println!(
                 "{label} {op}: {} points, median {:.3} ms (min {:.3}, max {:.3}) over {} runs",
@@ -856,7 +851,6 @@ fn time_voxelize_hard_w1_pillars() {
         }
     }
 }
-
 
 /// fp16 emission rounds to nearest even; values worked out by hand from the binary16 format:
 /// 1.0 = 0x3C00; 65504 (largest finite) = 0x7BFF; 65520 is the midpoint to 65536 and rounds to even,

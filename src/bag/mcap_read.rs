@@ -7,7 +7,9 @@ use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
 use mcap::records::Record;
-use mcap::sans_io::{LinearReadEvent, LinearReader, LinearReaderOptions, SummaryReadEvent, SummaryReader, SummaryReaderOptions};
+use mcap::sans_io::{
+    LinearReadEvent, LinearReader, LinearReaderOptions, SummaryReadEvent, SummaryReader, SummaryReaderOptions,
+};
 
 use super::{BagError, BagMessage, TopicInfo};
 
@@ -82,7 +84,8 @@ impl State {
             Record::Channel(c) => {
                 let type_name = self.schemas.get(&c.schema_id).cloned().unwrap_or_default();
                 let qos = c.metadata.get("offered_qos_profiles").cloned().unwrap_or_default();
-                self.channels.insert(c.id, ChannelInfo { topic: c.topic, type_name, encoding: c.message_encoding, qos });
+                self.channels
+                    .insert(c.id, ChannelInfo { topic: c.topic, type_name, encoding: c.message_encoding, qos });
                 Step::Nothing
             }
             Record::Message { header, data } => {

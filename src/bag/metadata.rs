@@ -103,8 +103,7 @@ impl BagInfo {
 
     /// The whole `metadata.yaml` text.
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(&MetadataFile { rosbag2_bagfile_information: self.clone() })
-            .expect("metadata serializes")
+        serde_yaml::to_string(&MetadataFile { rosbag2_bagfile_information: self.clone() }).expect("metadata serializes")
     }
 
     /// The inner map only, as rosbag2 stores it in the MCAP `rosbag2` metadata record.

@@ -140,7 +140,9 @@ mod tests {
     #[test]
     fn unknown_type_is_named() {
         assert_eq!(full_definition("nav_msgs/msg/Odometry").unwrap_err(), "nav_msgs/msg/Odometry");
-        assert!(full_definition("visualization_msgs/msg/MarkerArray").unwrap().contains("MSG: visualization_msgs/Marker"));
+        assert!(full_definition("visualization_msgs/msg/MarkerArray")
+            .unwrap()
+            .contains("MSG: visualization_msgs/Marker"));
         assert!(msg_text("std_msgs/Header").is_some());
     }
 }

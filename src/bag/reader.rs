@@ -29,11 +29,8 @@ pub struct BagReader {
 pub fn open(path: impl AsRef<Path>) -> Result<BagReader, BagError> {
     let path = path.as_ref();
     let meta = std::fs::metadata(path).map_err(|e| BagError::io(path, e))?;
-    let (storage, files, metadata) = if meta.is_dir() {
-        folder_files(path)?
-    } else {
-        (detect_storage(path)?, vec![path.to_path_buf()], None)
-    };
+    let (storage, files, metadata) =
+        if meta.is_dir() { folder_files(path)? } else { (detect_storage(path)?, vec![path.to_path_buf()], None) };
     let mut topics: Vec<TopicInfo> = Vec::new();
     let mut damage = Vec::new();
     for file in &files {

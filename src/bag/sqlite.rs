@@ -61,12 +61,10 @@ pub(crate) fn scan_topics(path: &Path) -> Result<Vec<TopicInfo>, BagError> {
     let topics = read_topics(path, &conn)?;
     let mut counts: HashMap<i64, u64> = HashMap::new();
     {
-        let mut stmt = conn
-            .prepare("SELECT topic_id, COUNT(*) FROM messages GROUP BY topic_id")
-            .map_err(|e| sql_err(path, e))?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
-            .map_err(|e| sql_err(path, e))?;
+        let mut stmt =
+            conn.prepare("SELECT topic_id, COUNT(*) FROM messages GROUP BY topic_id").map_err(|e| sql_err(path, e))?;
+        let rows =
+            stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))).map_err(|e| sql_err(path, e))?;
         for row in rows {
             let (id, n) = row.map_err(|e| sql_err(path, e))?;
             counts.insert(id, n as u64);

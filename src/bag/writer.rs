@@ -8,7 +8,10 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::metadata::{BagInfo, FileInfo, Nanoseconds, NanosecondsSinceEpoch, TopicMetadata, TopicWithCount, METADATA_FILE, METADATA_VERSION};
+use super::metadata::{
+    BagInfo, FileInfo, Nanoseconds, NanosecondsSinceEpoch, TopicMetadata, TopicWithCount, METADATA_FILE,
+    METADATA_VERSION,
+};
 use super::{msgdefs, BagError};
 
 /// QoS stored with each topic when none is given: reliable, volatile, keep last 10 (the rclcpp
@@ -122,7 +125,14 @@ impl McapBagWriter {
             .chunk_size(Some(options.chunk_size))
             .create(BufWriter::with_capacity(1 << 20, file))
             .map_err(|e| Self::mcap_err(path, e))?;
-        Ok(Self { file_path: path.to_path_buf(), folder, writer: Some(writer), topics: Vec::new(), bounds: None, options })
+        Ok(Self {
+            file_path: path.to_path_buf(),
+            folder,
+            writer: Some(writer),
+            topics: Vec::new(),
+            bounds: None,
+            options,
+        })
     }
 
     fn mcap_err(path: &Path, e: mcap::McapError) -> BagError {
@@ -171,20 +181,30 @@ impl McapBagWriter {
             });
         }
         let path = self.file_path.clone();
-        let schema_id =
-            self.writer().add_schema(type_name, encoding, definition.as_bytes()).map_err(|e| Self::mcap_err(&path, e))?;
+        let schema_id = self
+            .writer()
+            .add_schema(type_name, encoding, definition.as_bytes())
+            .map_err(|e| Self::mcap_err(&path, e))?;
         let mut metadata = BTreeMap::new();
         metadata.insert("offered_qos_profiles".to_string(), self.options.qos_profiles.clone());
         let channel_id =
             self.writer().add_channel(schema_id, name, "cdr", &metadata).map_err(|e| Self::mcap_err(&path, e))?;
-        self.topics.push(WriterTopic { name: name.to_string(), type_name: type_name.to_string(), channel_id, count: 0 });
+        self.topics.push(WriterTopic {
+            name: name.to_string(),
+            type_name: type_name.to_string(),
+            channel_id,
+            count: 0,
+        });
         Ok(TopicHandle(self.topics.len() - 1))
     }
 
     /// Writes one CDR-serialized message (log time = publish time = `log_time_ns`).
     pub fn write(&mut self, topic: TopicHandle, log_time_ns: u64, cdr: &[u8]) -> Result<(), BagError> {
         let Some(t) = self.topics.get_mut(topic.0) else {
-            return Err(BagError::Write { path: self.file_path.clone(), reason: format!("unknown topic handle {}", topic.0) });
+            return Err(BagError::Write {
+                path: self.file_path.clone(),
+                reason: format!("unknown topic handle {}", topic.0),
+            });
         };
         let header = mcap::records::MessageHeader {
             channel_id: t.channel_id,

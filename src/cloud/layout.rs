@@ -49,11 +49,8 @@ impl PointLayout {
 
     /// Packed float32 fields, one per name, in order (`["x","y","z","intensity"]` is the 16-byte xyzi).
     pub fn packed_f32(names: &[&str]) -> Self {
-        let fields = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| PointField::new(n, 4 * i as u32, Datatype::Float32))
-            .collect();
+        let fields =
+            names.iter().enumerate().map(|(i, n)| PointField::new(n, 4 * i as u32, Datatype::Float32)).collect();
         Self { fields, point_step: 4 * names.len() as u32, big_endian: false }
     }
 
@@ -86,10 +83,8 @@ impl PointLayout {
 
     /// Fields that become cloud channels: single-element fields, first of each name, x/y/z first.
     fn channels(&self) -> Vec<&PointField> {
-        let mut out: Vec<&PointField> = ["x", "y", "z"]
-            .iter()
-            .map(|a| self.fields.iter().find(|f| f.name == *a).expect("validated"))
-            .collect();
+        let mut out: Vec<&PointField> =
+            ["x", "y", "z"].iter().map(|a| self.fields.iter().find(|f| f.name == *a).expect("validated")).collect();
         for f in &self.fields {
             if f.count == 1 && !out.iter().any(|o| o.name == f.name) {
                 out.push(f);
@@ -170,7 +165,11 @@ pub fn validate(msg: &PointCloud2<'_>) -> Result<PointLayout, CloudError> {
         .checked_mul(msg.point_step as u64)
         .ok_or(CloudError::Overflow { what: "width * point_step" })?;
     if msg.height > 0 && (msg.row_step as u64) < min_row {
-        return Err(CloudError::RowStepTooSmall { row_step: msg.row_step, width: msg.width, point_step: msg.point_step });
+        return Err(CloudError::RowStepTooSmall {
+            row_step: msg.row_step,
+            width: msg.width,
+            point_step: msg.point_step,
+        });
     }
     let need = (msg.row_step as u64)
         .checked_mul(msg.height as u64)
@@ -211,9 +210,8 @@ pub fn gather(msg: &PointCloud2<'_>) -> Result<Gathered, CloudError> {
         }
         columns.push(out);
     }
-    let finite: Vec<bool> = (0..n)
-        .map(|i| columns[0][i].is_finite() && columns[1][i].is_finite() && columns[2][i].is_finite())
-        .collect();
+    let finite: Vec<bool> =
+        (0..n).map(|i| columns[0][i].is_finite() && columns[1][i].is_finite() && columns[2][i].is_finite()).collect();
     let dropped_non_finite = finite.iter().filter(|f| !**f).count();
     if dropped_non_finite > 0 {
         for c in &mut columns {

@@ -111,7 +111,8 @@ impl GpuContext {
         let stream = ctx.new_stream()?;
         let nvrtc_version = nvrtc::nvrtc_version()?;
         let arch = nvrtc::arch_name(compute_capability);
-        let cache_dir = if options.no_cache { None } else { options.cache_dir.clone().or_else(nvrtc::default_cache_dir) };
+        let cache_dir =
+            if options.no_cache { None } else { options.cache_dir.clone().or_else(nvrtc::default_cache_dir) };
         let cache = CubinCache::new(cache_dir.clone());
         let compile_opts = nvrtc::compile_options(&arch, &profile);
 
@@ -123,7 +124,12 @@ impl GpuContext {
             let cubin_bytes = cubin.len();
             let module = ctx.load_module(Ptx::from_binary(cubin))?;
             modules.insert(k.module, module);
-            module_loads.push(ModuleLoad { module: k.module, origin, ms: t.elapsed().as_secs_f64() * 1e3, cubin_bytes });
+            module_loads.push(ModuleLoad {
+                module: k.module,
+                origin,
+                ms: t.elapsed().as_secs_f64() * 1e3,
+                cubin_bytes,
+            });
         }
         let hits = module_loads.iter().filter(|m| m.origin == CubinOrigin::CacheHit).count();
         tracing::debug!(
@@ -219,7 +225,12 @@ pub struct PinnedRing<T> {
 impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedRing<T> {
     /// `write_combined`: fast for buffers the CPU only writes (uploads); must be false for buffers
     /// the CPU reads back (write-combined memory is uncached for CPU reads).
-    pub fn new(ctx: Arc<CudaContext>, slots: usize, initial_len: usize, write_combined: bool) -> Result<Self, GpuError> {
+    pub fn new(
+        ctx: Arc<CudaContext>,
+        slots: usize,
+        initial_len: usize,
+        write_combined: bool,
+    ) -> Result<Self, GpuError> {
         let mut ring = Self { ctx: ctx.clone(), slots: Vec::new(), next: 0, growths: 0, write_combined };
         for _ in 0..slots.max(1) {
             let buf = if initial_len > 0 { Some(ring.alloc(initial_len)?) } else { None };
@@ -384,13 +395,8 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevicePool<T> {
     /// (counted; the largest free buffer that is too small is released).
     pub fn take(&self, len: usize) -> Result<PooledSlice<T>, GpuError> {
         let mut inner = self.inner.lock().unwrap();
-        let best = inner
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.len() >= len)
-            .min_by_key(|(_, b)| b.len())
-            .map(|(i, _)| i);
+        let best =
+            inner.free.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
         let buf = match best {
             Some(i) => inner.free.swap_remove(i),
             None => {

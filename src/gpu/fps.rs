@@ -150,7 +150,10 @@ pub fn fps_enqueue(
     let k = params.num_samples;
     let total = *offsets.last().unwrap_or(&0);
     if total > points.len {
-        return Err(GpuError::Unsupported(format!("offsets cover {total} points, the device cloud has {}", points.len)));
+        return Err(GpuError::Unsupported(format!(
+            "offsets cover {total} points, the device cloud has {}",
+            points.len
+        )));
     }
     if total >= u32::MAX as usize || k > i32::MAX as usize || nb * k > (i32::MAX as usize) * 4 {
         return Err(GpuError::Unsupported("FPS: too many points or samples for 32-bit indices".into()));
@@ -265,7 +268,14 @@ fn clusters_disabled() -> bool {
 
 /// Clusters of `g` blocks of `b` threads of `func` that can be resident at once (0 when none or
 /// on error).
-fn max_active_clusters(ctx: &GpuContext, func: &cudarc::driver::CudaFunction, g: usize, b: usize, nb: usize, smem: usize) -> u32 {
+fn max_active_clusters(
+    ctx: &GpuContext,
+    func: &cudarc::driver::CudaFunction,
+    g: usize,
+    b: usize,
+    nb: usize,
+    smem: usize,
+) -> u32 {
     // SAFETY: a plain-data attribute and config; the driver only reads them.
     unsafe {
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
@@ -298,7 +308,13 @@ fn max_active_clusters(ctx: &GpuContext, func: &cudarc::driver::CudaFunction, g:
 /// per iteration; kept for comparison).
 fn cluster_prefix() -> &'static str {
     static P: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    P.get_or_init(|| if std::env::var("LIDAR_FPS_CLUSTER_SYNC").is_ok_and(|v| v == "barrier") { "fps_clb_" } else { "fps_cl_" })
+    P.get_or_init(|| {
+        if std::env::var("LIDAR_FPS_CLUSTER_SYNC").is_ok_and(|v| v == "barrier") {
+            "fps_clb_"
+        } else {
+            "fps_cl_"
+        }
+    })
 }
 
 /// Dynamic shared memory of `fps_cl*_{ppt}`: a float4 per point of the block's chunk.
@@ -428,7 +444,11 @@ fn launch_cluster(
 }
 
 /// [`crate::ops::fps::farthest_point_sample`] on the device.
-pub fn farthest_point_sample(ctx: &GpuContext, points: DeviceXyz<'_>, params: &FpsParams) -> Result<FpsOutput, GpuError> {
+pub fn farthest_point_sample(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    params: &FpsParams,
+) -> Result<FpsOutput, GpuError> {
     let mut s = FpsScratch::new(ctx)?;
     farthest_point_sample_with(ctx, &mut s, points, params)
 }
@@ -489,7 +509,6 @@ pub fn farthest_point_sample_batched_with(
 // ------------------------------------------------------------------------------------------------
 // Checks and benchmarks
 
-
 /// Uploads a host cloud through the PointCloud2 gather path; returns the device cloud and the
 /// host cloud the CPU reference must see (the gathered one).
 pub(crate) fn upload_cloud(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), GpuError> {
@@ -500,7 +519,8 @@ pub(crate) fn upload_cloud(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceClo
 }
 
 pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, Cloud), GpuError> {
-    let scan = crate::bag::sample::load_ouster_bin(path).map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+    let scan = crate::bag::sample::load_ouster_bin(path)
+        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
     let msg = PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::ouster());
     let cpu = crate::cloud::gather(&msg)?;
     let dev = upload_and_gather(ctx, &msg)?;
@@ -536,7 +556,12 @@ const SCAN0_PREFIX: [i32; 10] = [0, 45184, 45610, 39325, 45611, 6407, 54302, 484
 pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
     let mut rows = Vec::new();
     let mut scratch = FpsScratch::new(ctx)?;
-    let mut single = |rows: &mut Vec<CheckRow>, case: &str, dev: DeviceXyz<'_>, host: &Cloud, params: &FpsParams| -> Result<Vec<i32>, GpuError> {
+    let mut single = |rows: &mut Vec<CheckRow>,
+                      case: &str,
+                      dev: DeviceXyz<'_>,
+                      host: &Cloud,
+                      params: &FpsParams|
+     -> Result<Vec<i32>, GpuError> {
         let cpu = cpu_fps::farthest_point_sample(host, params).map_err(param_err)?;
         let g1 = farthest_point_sample_with(ctx, &mut scratch, dev, params)?;
         let plan = scratch.last_plan.clone();
@@ -565,7 +590,14 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         let got = single(&mut rows, &name, (&dev).into(), &host, &p)?;
         if name == "os1-128_scan0" {
             let ok = got.len() >= 10 && got[..10] == SCAN0_PREFIX;
-            rows.push(row("fps", "os1-128_scan0 published prefix", host.len(), ok, true, format!("{:?}", &got[..10.min(got.len())])));
+            rows.push(row(
+                "fps",
+                "os1-128_scan0 published prefix",
+                host.len(),
+                ok,
+                true,
+                format!("{:?}", &got[..10.min(got.len())]),
+            ));
         }
     }
 
@@ -576,7 +608,11 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         ("one point, K=3".into(), rng.cloud(1, 10.0), FpsParams { num_samples: 3, start_index: 0 }),
         ("300 random, K=300".into(), rng.cloud(300, 10.0), FpsParams { num_samples: 300, start_index: 17 }),
         ("300 random, K=400 (-1 pad)".into(), rng.cloud(300, 10.0), FpsParams { num_samples: 400, start_index: 299 }),
-        ("all identical 1000, K=1200".into(), Cloud::from_points(&vec![[1.5f32, -2.0, 0.25]; 1000]), FpsParams { num_samples: 1200, start_index: 3 }),
+        (
+            "all identical 1000, K=1200".into(),
+            Cloud::from_points(&vec![[1.5f32, -2.0, 0.25]; 1000]),
+            FpsParams { num_samples: 1200, start_index: 3 },
+        ),
         ("lattice dups 20000, K=2048".into(), rng.lattice(20000, 12), FpsParams { num_samples: 2048, start_index: 5 }),
         ("100k random, K=1024".into(), rng.cloud(100_000, 50.0), FpsParams { num_samples: 1024, start_index: 12345 }),
         ("1.2M random, K=48".into(), rng.cloud(1_200_000, 80.0), FpsParams { num_samples: 48, start_index: 7 }),
@@ -604,15 +640,22 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         let plan = scratch.last_plan.clone();
         let g2 = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, p)?;
         let same = g1 == cpu;
-        let mut detail = format!("B={} lengths {:?} K={} via {} x{}", lengths.len(), lengths, p.num_samples, plan.0, plan.1);
+        let mut detail =
+            format!("B={} lengths {:?} K={} via {} x{}", lengths.len(), lengths, p.num_samples, plan.0, plan.1);
         if !same {
             detail += &format!("; {}", first_diff(&g1.indices, &cpu.indices));
         }
         rows.push(row("fps_batched", case, host.len(), same, g1 == g2, detail));
         Ok(())
     };
-    let ragged: Vec<Cloud> =
-        vec![rng.cloud(5000, 20.0), Cloud::from_xyz(vec![], vec![], vec![]), rng.cloud(1, 1.0), rng.lattice(16384, 10), rng.cloud(300, 5.0), rng.cloud(20000, 30.0)];
+    let ragged: Vec<Cloud> = vec![
+        rng.cloud(5000, 20.0),
+        Cloud::from_xyz(vec![], vec![], vec![]),
+        rng.cloud(1, 1.0),
+        rng.lattice(16384, 10),
+        rng.cloud(300, 5.0),
+        rng.cloud(20000, 30.0),
+    ];
     batched("ragged 6 clouds (one empty), K=512", &ragged, &FpsParams { num_samples: 512, start_index: 0 })?;
     if let Some(f) = files.iter().find(|f| f.ends_with("os1-128_scan0.bin")) {
         let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| GpuError::Unsupported(e.to_string()))?;
@@ -643,10 +686,12 @@ pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuErro
         let cpu = cpu_fps::farthest_point_sample(&host, &p).map_err(param_err)?;
         let g = farthest_point_sample_with(ctx, &mut scratch, (&dev).into(), &p)?;
         let same = g.indices == cpu.indices;
-        let detail = format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
+        let detail =
+            format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
         rows.push(row("fps", case, host.len(), same, true, detail));
     }
-    let clouds = [rng.cloud(5000, 20.0), Cloud::from_xyz(vec![], vec![], vec![]), rng.cloud(1, 1.0), rng.cloud(17000, 30.0)];
+    let clouds =
+        [rng.cloud(5000, 20.0), Cloud::from_xyz(vec![], vec![], vec![]), rng.cloud(1, 1.0), rng.cloud(17000, 30.0)];
     let lengths: Vec<usize> = clouds.iter().map(|c| c.len()).collect();
     let (mut x, mut y, mut z) = (Vec::new(), Vec::new(), Vec::new());
     for c in &clouds {
@@ -658,14 +703,16 @@ pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuErro
     let p = FpsParams { num_samples: 64, start_index: 0 };
     let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, &p).map_err(param_err)?;
     let g = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, &p)?;
-    let detail = format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
+    let detail =
+        format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
     rows.push(row("fps_batched", "ragged 4 clouds, K=64", host.len(), g == cpu, true, detail));
     Ok(rows)
 }
 
 /// Reads `name.bin` of a workloads directory (raw little-endian) with its shape from manifest.json.
 pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usize>), GpuError> {
-    let man = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| GpuError::Unsupported(format!("manifest.json: {e}")))?;
+    let man = std::fs::read_to_string(dir.join("manifest.json"))
+        .map_err(|e| GpuError::Unsupported(format!("manifest.json: {e}")))?;
     let key = format!("\"{name}\"");
     let at = man.find(&key).ok_or_else(|| GpuError::Unsupported(format!("{name} not in manifest.json")))?;
     let rest = &man[at..];
@@ -673,7 +720,8 @@ pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usiz
     let open = rest[s..].find('[').unwrap() + s;
     let close = rest[open..].find(']').unwrap() + open;
     let shape: Vec<usize> = rest[open + 1..close].split(',').filter_map(|t| t.trim().parse().ok()).collect();
-    let bytes = std::fs::read(dir.join(format!("{name}.bin"))).map_err(|e| GpuError::Unsupported(format!("{name}.bin: {e}")))?;
+    let bytes = std::fs::read(dir.join(format!("{name}.bin")))
+        .map_err(|e| GpuError::Unsupported(format!("{name}.bin: {e}")))?;
     Ok((bytes, shape))
 }
 
@@ -682,7 +730,11 @@ pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>
     let (bytes, _shape) = read_workload(dir, name)?;
     let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     let n = v.len() / 3;
-    Ok(((0..n).map(|i| v[3 * i]).collect(), (0..n).map(|i| v[3 * i + 1]).collect(), (0..n).map(|i| v[3 * i + 2]).collect()))
+    Ok((
+        (0..n).map(|i| v[3 * i]).collect(),
+        (0..n).map(|i| v[3 * i + 1]).collect(),
+        (0..n).map(|i| v[3 * i + 2]).collect(),
+    ))
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
@@ -694,7 +746,12 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// GPU time (CUDA events) of `f`, median of `runs` after `warm` warm-up runs.
-pub(crate) fn time_ms(ctx: &GpuContext, warm: usize, runs: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<f64, GpuError> {
+pub(crate) fn time_ms(
+    ctx: &GpuContext,
+    warm: usize,
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
     for _ in 0..warm {
         f()?;
     }
@@ -714,7 +771,14 @@ pub(crate) fn time_ms(ctx: &GpuContext, warm: usize, runs: usize, mut f: impl Fn
 pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
     let mut rows = Vec::new();
     let mut scratch = FpsScratch::new(ctx)?;
-    let mut one = |name: &str, wl: &str, clouds: usize, k: usize, runs: usize, target: Option<f64>, peer: Option<f64>| -> Result<(), GpuError> {
+    let mut one = |name: &str,
+                   wl: &str,
+                   clouds: usize,
+                   k: usize,
+                   runs: usize,
+                   target: Option<f64>,
+                   peer: Option<f64>|
+     -> Result<(), GpuError> {
         let (x, y, z) = workload_xyz(workloads, wl)?;
         let n = x.len();
         let buf = upload_xyz(ctx, &x, &y, &z)?;

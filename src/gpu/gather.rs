@@ -159,8 +159,11 @@ pub fn upload_and_gather_timed(
         return Err(GpuError::Unsupported(format!("{n64} points: at most 2^32 - 2^20 per cloud")));
     }
     let n = n64 as usize;
-    let used_bytes =
-        if n == 0 { 0 } else { (msg.height as usize - 1) * msg.row_step as usize + msg.width as usize * msg.point_step as usize };
+    let used_bytes = if n == 0 {
+        0
+    } else {
+        (msg.height as usize - 1) * msg.row_step as usize + msg.width as usize * msg.point_step as usize
+    };
     let names: Vec<String> = fields.iter().map(|f| f.name.clone()).collect();
     let c = names.len();
 

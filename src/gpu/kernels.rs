@@ -12,18 +12,17 @@ pub struct KernelSource {
 
 macro_rules! kernel {
     ($name:literal) => {
-        KernelSource { module: $name, file: concat!("cuda/", $name, ".cu"), source: include_str!(concat!("../../cuda/", $name, ".cu")) }
+        KernelSource {
+            module: $name,
+            file: concat!("cuda/", $name, ".cu"),
+            source: include_str!(concat!("../../cuda/", $name, ".cu")),
+        }
     };
 }
 
 /// Every kernel file, in load order.
-pub const KERNELS: &[KernelSource] = &[
-    kernel!("gather"),
-    kernel!("voxel"),
-    kernel!("fps"),
-    kernel!("neighbors"),
-    kernel!("nms"),
-];
+pub const KERNELS: &[KernelSource] =
+    &[kernel!("gather"), kernel!("voxel"), kernel!("fps"), kernel!("neighbors"), kernel!("nms")];
 
 /// The registry entry for `module`.
 pub fn kernel(module: &str) -> Option<&'static KernelSource> {

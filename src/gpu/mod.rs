@@ -9,8 +9,8 @@ pub mod context;
 pub mod fps;
 pub mod gather;
 pub mod kernels;
-pub mod nms;
 pub mod neighbors;
+pub mod nms;
 pub mod nvrtc;
 pub mod profile;
 pub mod report;
@@ -100,7 +100,11 @@ pub fn select_backend(kind: BackendKind, profile: ProfileChoice) -> Result<Optio
 }
 
 /// [`select_backend`] with explicit options and library probe (tests inject a missing library).
-pub fn select_backend_with(kind: BackendKind, options: GpuOptions, probe: LibProbe) -> Result<Option<GpuContext>, GpuError> {
+pub fn select_backend_with(
+    kind: BackendKind,
+    options: GpuOptions,
+    probe: LibProbe,
+) -> Result<Option<GpuContext>, GpuError> {
     if kind == BackendKind::Cpu {
         return Ok(None);
     }

@@ -17,11 +17,13 @@
 
 use super::context::GrowBuffer;
 pub use super::fps::DeviceXyz;
-use super::fps::{load_scan, param_err, time_ms, upload_cloud, upload_xyz, workload_xyz, read_workload};
+use super::fps::{load_scan, param_err, read_workload, time_ms, upload_cloud, upload_xyz, workload_xyz};
 use super::report::{BenchRow, CheckRow, Rng};
 use super::{GpuContext, GpuError};
 use crate::cloud::Cloud;
-use crate::ops::neighbors::{ball_query as cpu_ball, knn as cpu_knn, BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::neighbors::{
+    ball_query as cpu_ball, knn as cpu_knn, BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors,
+};
 use crate::ops::Validate;
 use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use std::path::Path;
@@ -106,7 +108,14 @@ fn blocks(n: usize, b: usize) -> u32 {
 }
 
 /// Builds the cell grid of `points` on the device. mode 0: KNN (cell edge from k), 1: ball query.
-fn build_grid(ctx: &GpuContext, s: &mut NeighborsScratch, points: DeviceXyz<'_>, mode: u32, k: u32, radius: f32) -> Result<(), GpuError> {
+fn build_grid(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    mode: u32,
+    k: u32,
+    radius: f32,
+) -> Result<(), GpuError> {
     let stream = &ctx.stream;
     let b = ctx.profile.block_size.neighbors as usize;
     let n = points.len;
@@ -197,7 +206,13 @@ fn check_sizes(points: &DeviceXyz<'_>, queries: &DeviceXyz<'_>, width: usize) ->
 }
 
 /// Enqueues KNN; results stay in `scratch` ([`NeighborsScratch::indices`], [`NeighborsScratch::dist2`]).
-pub fn knn_enqueue(ctx: &GpuContext, s: &mut NeighborsScratch, points: DeviceXyz<'_>, queries: DeviceXyz<'_>, params: &KnnParams) -> Result<(), GpuError> {
+pub fn knn_enqueue(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &KnnParams,
+) -> Result<(), GpuError> {
     params.validate().map_err(param_err)?;
     check_sizes(&points, &queries, params.k)?;
     let (m, k) = (queries.len, params.k);
@@ -220,7 +235,12 @@ enum QueryKind {
     Ball { ns: u32, radius: f32, r2: f32, rmin2: f32, pad_first: u32 },
 }
 
-fn launch_query(ctx: &GpuContext, s: &mut NeighborsScratch, queries: DeviceXyz<'_>, kind: QueryKind) -> Result<(), GpuError> {
+fn launch_query(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    queries: DeviceXyz<'_>,
+    kind: QueryKind,
+) -> Result<(), GpuError> {
     let stream = &ctx.stream;
     let m = queries.len;
     let b = ctx.profile.block_size.neighbors as usize;
@@ -241,7 +261,16 @@ fn launch_query(ctx: &GpuContext, s: &mut NeighborsScratch, queries: DeviceXyz<'
             let od = out_d.ensure(stream, m * width)?;
             let f = ctx.function("neighbors", &name)?;
             let mut l = stream.launch_builder(&f);
-            l.arg(queries.data).arg(&qs).arg(&m32).arg(&*gp).arg(&*start).arg(&*sorted).arg(&k).arg(&mut *oi).arg(&mut *od).arg(&mut *list);
+            l.arg(queries.data)
+                .arg(&qs)
+                .arg(&m32)
+                .arg(&*gp)
+                .arg(&*start)
+                .arg(&*sorted)
+                .arg(&k)
+                .arg(&mut *oi)
+                .arg(&mut *od)
+                .arg(&mut *list);
             // SAFETY: matches `knn_*` in cuda/neighbors.cu; outputs hold m * k, list m * k when k > 32.
             unsafe { l.launch(cfg) }?;
         }
@@ -299,12 +328,23 @@ pub fn ball_query_enqueue(
 }
 
 /// [`crate::ops::neighbors::knn`] on the device.
-pub fn knn(ctx: &GpuContext, points: DeviceXyz<'_>, queries: DeviceXyz<'_>, params: &KnnParams) -> Result<Neighbors, GpuError> {
+pub fn knn(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &KnnParams,
+) -> Result<Neighbors, GpuError> {
     let mut s = NeighborsScratch::new(ctx)?;
     knn_with(ctx, &mut s, points, queries, params)
 }
 
-pub fn knn_with(ctx: &GpuContext, s: &mut NeighborsScratch, points: DeviceXyz<'_>, queries: DeviceXyz<'_>, params: &KnnParams) -> Result<Neighbors, GpuError> {
+pub fn knn_with(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &KnnParams,
+) -> Result<Neighbors, GpuError> {
     knn_enqueue(ctx, s, points, queries, params)?;
     let n = s.rows * s.width;
     if n == 0 {
@@ -317,7 +357,12 @@ pub fn knn_with(ctx: &GpuContext, s: &mut NeighborsScratch, points: DeviceXyz<'_
 }
 
 /// [`crate::ops::neighbors::ball_query`] on the device.
-pub fn ball_query(ctx: &GpuContext, points: DeviceXyz<'_>, queries: DeviceXyz<'_>, params: &BallQueryParams) -> Result<BallQuery, GpuError> {
+pub fn ball_query(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &BallQueryParams,
+) -> Result<BallQuery, GpuError> {
     let mut s = NeighborsScratch::new(ctx)?;
     ball_query_with(ctx, &mut s, points, queries, params)
 }
@@ -344,16 +389,26 @@ pub fn ball_query_with(
 
 fn knn_row(case: &str, n: usize, cpu: &Neighbors, g1: &Neighbors, g2: &Neighbors, kernel: &str) -> CheckRow {
     let same_i = g1.indices == cpu.indices;
-    let same_d = g1.dist2.len() == cpu.dist2.len() && g1.dist2.iter().zip(&cpu.dist2).all(|(a, b)| a.to_bits() == b.to_bits());
+    let same_d =
+        g1.dist2.len() == cpu.dist2.len() && g1.dist2.iter().zip(&cpu.dist2).all(|(a, b)| a.to_bits() == b.to_bits());
     let det = g1.indices == g2.indices && g1.dist2.iter().zip(&g2.dist2).all(|(a, b)| a.to_bits() == b.to_bits());
     let mut max_rel = 0.0f64;
     for (a, b) in g1.dist2.iter().zip(&cpu.dist2) {
         if a.to_bits() != b.to_bits() {
-            let r = if a.is_finite() && b.is_finite() { ((a - b).abs() as f64) / (b.abs() as f64).max(1e-30) } else { f64::INFINITY };
+            let r = if a.is_finite() && b.is_finite() {
+                ((a - b).abs() as f64) / (b.abs() as f64).max(1e-30)
+            } else {
+                f64::INFINITY
+            };
             max_rel = max_rel.max(r);
         }
     }
-    let mut detail = format!("M={} k={} via {kernel}; dist2 bit-identical: {}", cpu.indices.len() / cpu.width.max(1), cpu.width, same_d);
+    let mut detail = format!(
+        "M={} k={} via {kernel}; dist2 bit-identical: {}",
+        cpu.indices.len() / cpu.width.max(1),
+        cpu.width,
+        same_d
+    );
     if !same_i {
         if let Some(i) = g1.indices.iter().zip(&cpu.indices).position(|(a, b)| a != b) {
             detail += &format!("; first index difference at {i}: gpu {} cpu {}", g1.indices[i], cpu.indices[i]);
@@ -371,7 +426,15 @@ fn knn_row(case: &str, n: usize, cpu: &Neighbors, g1: &Neighbors, g2: &Neighbors
     }
 }
 
-fn ball_row(case: &str, n: usize, p: &BallQueryParams, cpu: &BallQuery, g1: &BallQuery, g2: &BallQuery, kernel: &str) -> CheckRow {
+fn ball_row(
+    case: &str,
+    n: usize,
+    p: &BallQueryParams,
+    cpu: &BallQuery,
+    g1: &BallQuery,
+    g2: &BallQuery,
+    kernel: &str,
+) -> CheckRow {
     let same = g1 == cpu;
     let mut detail = format!(
         "M={} r={} rmin={} ns={} {:?} via {kernel}; mean count {:.1}",
@@ -464,13 +527,40 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
             vec![bq(1.0, 0.0, 32, ff)]
         };
         let ks: &[usize] = if name == "os1-128_scan0" { &[1, 16, 32, 48] } else { &[16] };
-        check_pair(ctx, &mut s, &mut rows, &format!("{name}, queries every 7th"), ((&dev).into(), &host), (qdx, &qh), ks, &balls)?;
+        check_pair(
+            ctx,
+            &mut s,
+            &mut rows,
+            &format!("{name}, queries every 7th"),
+            ((&dev).into(), &host),
+            (qdx, &qh),
+            ks,
+            &balls,
+        )?;
         if name == "os1-128_scan0" {
             s.thread_per_query = true;
-            check_pair(ctx, &mut s, &mut rows, &format!("{name}, queries every 7th, thread/query"), ((&dev).into(), &host), (qdx, &qh), &[16, 32], &balls[..2])?;
+            check_pair(
+                ctx,
+                &mut s,
+                &mut rows,
+                &format!("{name}, queries every 7th, thread/query"),
+                ((&dev).into(), &host),
+                (qdx, &qh),
+                &[16, 32],
+                &balls[..2],
+            )?;
             s.thread_per_query = false;
             s.knn_cell_by_cell = true;
-            check_pair(ctx, &mut s, &mut rows, &format!("{name}, queries every 7th, cell by cell"), ((&dev).into(), &host), (qdx, &qh), &[16, 32], &[])?;
+            check_pair(
+                ctx,
+                &mut s,
+                &mut rows,
+                &format!("{name}, queries every 7th, cell by cell"),
+                ((&dev).into(), &host),
+                (qdx, &qh),
+                &[16, 32],
+                &[],
+            )?;
             s.knn_cell_by_cell = false;
         }
     }
@@ -501,7 +591,16 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         let q = rng.lattice(1000, 11);
         let qd = raw_upload(ctx, &q)?;
         let qdx = DeviceXyz::new(&qd, q.len(), q.len())?;
-        check_pair(ctx, &mut s, &mut rows, "lattice duplicates 8000", ((&dev).into(), &host), (qdx, &q), &[8, 32, 64], &[bq(1.0, 0.0, 32, ff), bq(2.0, 1.0, 16, m1)])?;
+        check_pair(
+            ctx,
+            &mut s,
+            &mut rows,
+            "lattice duplicates 8000",
+            ((&dev).into(), &host),
+            (qdx, &q),
+            &[8, 32, 64],
+            &[bq(1.0, 0.0, 32, ff), bq(2.0, 1.0, 16, m1)],
+        )?;
     }
     // All identical points.
     {
@@ -510,7 +609,16 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         let q = Cloud::from_points(&[[3.0, -1.0, 0.5], [3.5, -1.0, 0.5], [100.0, 0.0, 0.0]]);
         let qd = raw_upload(ctx, &q)?;
         let qdx = DeviceXyz::new(&qd, q.len(), q.len())?;
-        check_pair(ctx, &mut s, &mut rows, "500 identical points", ((&dev).into(), &host), (qdx, &q), &[4, 32], &[bq(1.0, 0.0, 8, ff), bq(1.0, 0.0, 8, m1)])?;
+        check_pair(
+            ctx,
+            &mut s,
+            &mut rows,
+            "500 identical points",
+            ((&dev).into(), &host),
+            (qdx, &q),
+            &[4, 32],
+            &[bq(1.0, 0.0, 8, ff), bq(1.0, 0.0, 8, m1)],
+        )?;
     }
     // Tiny clouds: k > N, empty, one point; non-finite points and queries (uploaded raw).
     for (case, n) in [("empty cloud", 0usize), ("one point", 1), ("10 points, k > N", 10), ("300 points", 300)] {
@@ -526,7 +634,16 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         }
         let qd = raw_upload(ctx, &q)?;
         let qdx = DeviceXyz::new(&qd, q.len(), q.len())?;
-        check_pair(ctx, &mut s, &mut rows, case, (pdx, &pts), (qdx, &q), &[3, 16], &[bq(1.0, 0.0, 16, ff), bq(1.0, 0.0, 4, m1)])?;
+        check_pair(
+            ctx,
+            &mut s,
+            &mut rows,
+            case,
+            (pdx, &pts),
+            (qdx, &q),
+            &[3, 16],
+            &[bq(1.0, 0.0, 16, ff), bq(1.0, 0.0, 4, m1)],
+        )?;
     }
     {
         let mut pts = rng.cloud(2000, 4.0);
@@ -544,13 +661,24 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         let q = rng.cloud(500, 4.0);
         let qd = raw_upload(ctx, &q)?;
         let qdx = DeviceXyz::new(&qd, q.len(), q.len())?;
-        check_pair(ctx, &mut s, &mut rows, "2000 with non-finite points (raw upload)", (pdx, &pts), (qdx, &q), &[16], &[bq(1.0, 0.0, 32, ff)])?;
+        check_pair(
+            ctx,
+            &mut s,
+            &mut rows,
+            "2000 with non-finite points (raw upload)",
+            (pdx, &pts),
+            (qdx, &q),
+            &[16],
+            &[bq(1.0, 0.0, 32, ff)],
+        )?;
     }
     Ok(rows)
 }
 
 fn same_as_cpu(g: &Neighbors, c: &Neighbors) -> bool {
-    g.indices == c.indices && g.dist2.len() == c.dist2.len() && g.dist2.iter().zip(&c.dist2).all(|(a, b)| a.to_bits() == b.to_bits())
+    g.indices == c.indices
+        && g.dist2.len() == c.dist2.len()
+        && g.dist2.iter().zip(&c.dist2).all(|(a, b)| a.to_bits() == b.to_bits())
 }
 
 /// KNN and ball-query benchmarks on the fixed workloads (W3a, W3b, W4).
@@ -572,7 +700,10 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
         let same = same_as_cpu(&knn_with(ctx, &mut s, ad, ad, &p)?, &w3a_cpu);
         rows.push(BenchRow {
             operator: "knn".into(),
-            workload: format!("W3a k=16, 16384 queries = points{}", if cell_by_cell { " (previous kernel)" } else { "" }),
+            workload: format!(
+                "W3a k=16, 16384 queries = points{}",
+                if cell_by_cell { " (previous kernel)" } else { "" }
+            ),
             points: n,
             median_ms: ms,
             runs,
@@ -602,7 +733,11 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
     let p = KnnParams { k: 32 };
     let w3b_cpu = cpu_knn(
         &Cloud::from_xyz(x.clone(), y.clone(), z.clone()),
-        &Cloud::from_xyz(qi.iter().map(|&i| x[i]).collect(), qi.iter().map(|&i| y[i]).collect(), qi.iter().map(|&i| z[i]).collect()),
+        &Cloud::from_xyz(
+            qi.iter().map(|&i| x[i]).collect(),
+            qi.iter().map(|&i| y[i]).collect(),
+            qi.iter().map(|&i| z[i]).collect(),
+        ),
         &p,
     )
     .map_err(param_err)?;
@@ -612,7 +747,10 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
         let same = same_as_cpu(&knn_with(ctx, &mut s, pd, qd, &p)?, &w3b_cpu);
         rows.push(BenchRow {
             operator: "knn".into(),
-            workload: format!("W3b k=32, 4096 FPS queries into scan0{}", if cell_by_cell { " (previous kernel)" } else { "" }),
+            workload: format!(
+                "W3b k=32, 4096 FPS queries into scan0{}",
+                if cell_by_cell { " (previous kernel)" } else { "" }
+            ),
             points: n,
             median_ms: ms,
             runs,

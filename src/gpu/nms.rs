@@ -108,7 +108,13 @@ impl DeviceNms {
 
     /// Copies the boxes (7 floats each), scores and classes (may be empty unless class-aware)
     /// to the device. Checks nothing: [`DeviceNms::run`] callers validate first.
-    pub fn upload(&mut self, ctx: &GpuContext, boxes: &[Box3d], scores: &[f32], classes: &[i32]) -> Result<(), GpuError> {
+    pub fn upload(
+        &mut self,
+        ctx: &GpuContext,
+        boxes: &[Box3d],
+        scores: &[f32],
+        classes: &[i32],
+    ) -> Result<(), GpuError> {
         let s = &ctx.stream;
         let n = boxes.len();
         assert_eq!(scores.len(), n);
@@ -116,8 +122,7 @@ impl DeviceNms {
         if n == 0 {
             return Ok(());
         }
-        let flat: Vec<f32> =
-            boxes.iter().flat_map(|b| [b.x, b.y, b.z, b.length, b.width, b.height, b.yaw]).collect();
+        let flat: Vec<f32> = boxes.iter().flat_map(|b| [b.x, b.y, b.z, b.length, b.width, b.height, b.yaw]).collect();
         let db = self.boxes.ensure(s, 7 * n)?;
         s.memcpy_htod(&flat, &mut db.slice_mut(..7 * n))?;
         let ds = self.scores.ensure(s, n)?;
@@ -131,7 +136,12 @@ impl DeviceNms {
 
     /// Enqueues the whole device NMS on the uploaded boxes (no synchronisation). With a timer,
     /// records the stages `sort`, `prep`, `mask`, `sweep`.
-    fn enqueue(&mut self, ctx: &GpuContext, params: &NmsParams, mut timer: Option<&mut StageTimer>) -> Result<Launched, GpuError> {
+    fn enqueue(
+        &mut self,
+        ctx: &GpuContext,
+        params: &NmsParams,
+        mut timer: Option<&mut StageTimer>,
+    ) -> Result<Launched, GpuError> {
         let s = &ctx.stream;
         let n = self.n;
         let pre = params.pre_max_size.unwrap_or(usize::MAX).min(n);
@@ -224,7 +234,8 @@ impl DeviceNms {
             let mut l = s.launch_builder(&f);
             l.arg(&*prep).arg(&mut cnt_view).arg(&pre_i).arg(&wt_i).arg(&t).arg(&mut *diag).arg(&mut *tilecnt);
             l.arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
-            let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
+            let cfg =
+                LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: matches the mask kernels; diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
             unsafe { l.launch(cfg) }?;
         }
@@ -236,8 +247,9 @@ impl DeviceNms {
             let f = ctx.function("nms", "nms_sweep")?;
             let smem = 2 * SWEEP_EPT * 16 + 2 * TILE * 8 + wt.max(1) * 8;
             if smem > self.smem_attr {
-                let max = ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-                    as usize;
+                let max =
+                    ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                        as usize;
                 if smem + 256 > max {
                     return Err(GpuError::Unsupported(format!(
                         "GPU NMS sweep needs {smem} bytes of shared memory for {pre} candidates; the device allows {max}"
@@ -252,7 +264,8 @@ impl DeviceNms {
             let mut l = s.launch_builder(&f);
             l.arg(&*counters).arg(&pre_i).arg(&post_i).arg(&*diag).arg(&*tilecnt).arg(&*entries).arg(&capt_i);
             l.arg(&*order).arg(&mut *out);
-            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SWEEP_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
+            let cfg =
+                LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SWEEP_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
             // SAFETY: matches nms_sweep; out >= 4 + pre; shared memory as laid out in the kernel.
             unsafe { l.launch(cfg) }?;
         }
@@ -277,7 +290,8 @@ impl DeviceNms {
         }
         let kept = head[0] as usize;
         let m = head[1] as usize;
-        let keep = if kept == 0 { Vec::new() } else { s.clone_dtoh(&self.out.ensure(s, 4 + l.pre)?.slice(4..4 + kept))? };
+        let keep =
+            if kept == 0 { Vec::new() } else { s.clone_dtoh(&self.out.ensure(s, 4 + l.pre)?.slice(4..4 + kept))? };
         s.synchronize()?;
         Ok(Some(NmsOutput { keep, candidates: m }))
     }
@@ -288,7 +302,12 @@ impl DeviceNms {
         self.run_timed(ctx, params, None)
     }
 
-    pub fn run_timed(&mut self, ctx: &GpuContext, params: &NmsParams, mut timer: Option<&mut StageTimer>) -> Result<NmsOutput, GpuError> {
+    pub fn run_timed(
+        &mut self,
+        ctx: &GpuContext,
+        params: &NmsParams,
+        mut timer: Option<&mut StageTimer>,
+    ) -> Result<NmsOutput, GpuError> {
         if self.n == 0 {
             return Ok(NmsOutput { keep: Vec::new(), candidates: 0 });
         }
@@ -319,7 +338,6 @@ pub fn nms(
 
 // ---------------------------------------------------------------------------------------------
 // Checks.
-
 
 /// Random detector-like boxes: clusters of jittered duplicates, exact copies, a few zero-size
 /// boxes, yaw mostly in [-pi, pi] but some up to |yaw| = 8192, scores quantised (many ties,
@@ -410,7 +428,8 @@ fn compare_row(
     let identical = g1 == cpu;
     let mut detail = format!("kept {} of {} candidates", cpu.keep.len(), cpu.candidates);
     if !identical {
-        let first = g1.keep.iter().zip(&cpu.keep).position(|(a, b)| a != b).unwrap_or(g1.keep.len().min(cpu.keep.len()));
+        let first =
+            g1.keep.iter().zip(&cpu.keep).position(|(a, b)| a != b).unwrap_or(g1.keep.len().min(cpu.keep.len()));
         detail += &format!(
             "; GPU kept {} of {} candidates, first difference at keep position {first}",
             g1.keep.len(),
@@ -445,7 +464,12 @@ pub fn check(ctx: &GpuContext, seed: u64, eval_dir: Option<&Path>) -> Result<Vec
 }
 
 /// [`check`] with chosen random-set sizes (e.g. small ones under compute-sanitizer).
-pub fn check_sizes(ctx: &GpuContext, seed: u64, sizes: &[usize], eval_dir: Option<&Path>) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check_sizes(
+    ctx: &GpuContext,
+    seed: u64,
+    sizes: &[usize],
+    eval_dir: Option<&Path>,
+) -> Result<Vec<CheckRow>, GpuError> {
     let mut rows = Vec::new();
     let mut dev = DeviceNms::new(ctx)?;
     let kinds = [NmsKind::AxisAligned, NmsKind::RotatedBev, NmsKind::Circle];
@@ -593,7 +617,10 @@ fn read_f32(dir: &Path, name: &str, cols: usize) -> Result<(Vec<f32>, usize), Gp
     if let Some(shape) = manifest_shape(dir, name) {
         let want: usize = shape.iter().product();
         if want != v.len() || shape[0] != rows {
-            return Err(GpuError::Unsupported(format!("{name}: manifest shape {shape:?}, file holds {} floats", v.len())));
+            return Err(GpuError::Unsupported(format!(
+                "{name}: manifest shape {shape:?}, file holds {} floats",
+                v.len()
+            )));
         }
     }
     Ok((v, rows))
@@ -615,7 +642,9 @@ pub struct Workload {
 /// boxes on the host; the CPU reference sees the same converted boxes.
 pub fn load_workloads(dir: &Path) -> Result<Vec<Workload>, GpuError> {
     let mut out = Vec::new();
-    for (n, target, peer, peer_kept) in [(10000usize, Some(0.5), Some(4.86), Some(7474)), (50000, None, Some(86.7), None)] {
+    for (n, target, peer, peer_kept) in
+        [(10000usize, Some(0.5), Some(4.86), Some(7474)), (50000, None, Some(86.7), None)]
+    {
         let name = format!("aa_boxes_{n}");
         if !dir.join(format!("{name}.bin")).exists() {
             continue;
@@ -681,7 +710,16 @@ pub fn check_workloads(ctx: &GpuContext, dir: &Path) -> Result<Vec<CheckRow>, Gp
     let mut dev = DeviceNms::new(ctx)?;
     let mut rows = Vec::new();
     for w in load_workloads(dir)? {
-        rows.push(compare_row(ctx, &mut dev, kind_name(w.params.kind), w.name.clone(), &w.boxes, &w.scores, &[], &w.params)?);
+        rows.push(compare_row(
+            ctx,
+            &mut dev,
+            kind_name(w.params.kind),
+            w.name.clone(),
+            &w.boxes,
+            &w.scores,
+            &[],
+            &w.params,
+        )?);
     }
     Ok(rows)
 }
@@ -761,4 +799,3 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
     }
     Ok(rows)
 }
-

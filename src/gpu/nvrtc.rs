@@ -277,7 +277,11 @@ pub fn nvrtc_check() -> Result<NvrtcReport, GpuError> {
     nvrtc_check_with(KERNELS, &KernelProfile::builtins()?, &CHECK_ARCHS)
 }
 
-pub fn nvrtc_check_with(kernels: &[KernelSource], profiles: &[KernelProfile], archs: &[&str]) -> Result<NvrtcReport, GpuError> {
+pub fn nvrtc_check_with(
+    kernels: &[KernelSource],
+    profiles: &[KernelProfile],
+    archs: &[&str],
+) -> Result<NvrtcReport, GpuError> {
     let nvrtc_version = nvrtc_version()?;
     let mut rows = Vec::new();
     for k in kernels {

@@ -71,8 +71,8 @@ impl KernelProfile {
     }
 
     pub fn from_file(path: &Path) -> Result<Self, GpuError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| bad("(file)", format!("cannot read {}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| bad("(file)", format!("cannot read {}: {e}", path.display())))?;
         Self::from_yaml(&text).map_err(|e| match e {
             GpuError::Profile { key, msg } => bad(&key, format!("{}: {msg}", path.display())),
             other => other,
@@ -114,7 +114,10 @@ impl KernelProfile {
                 return Err(bad(key, format!("{v} is not a multiple of 32 (warp size) in 32..=1024")));
             }
         }
-        for (key, v) in [("items_per_thread.gather", self.items_per_thread.gather), ("items_per_thread.voxel", self.items_per_thread.voxel)] {
+        for (key, v) in [
+            ("items_per_thread.gather", self.items_per_thread.gather),
+            ("items_per_thread.voxel", self.items_per_thread.voxel),
+        ] {
             if !(1..=32).contains(&v) {
                 return Err(bad(key, format!("{v} is outside 1..=32 (per-thread flags are one u32 bitmask)")));
             }
@@ -122,22 +125,38 @@ impl KernelProfile {
         if !(self.hash_load_factor > 0.05 && self.hash_load_factor <= 0.9) {
             return Err(bad(
                 "hash_load_factor",
-                format!("{} is outside (0.05, 0.9] (open addressing degrades sharply above 0.9)", self.hash_load_factor),
+                format!(
+                    "{} is outside (0.05, 0.9] (open addressing degrades sharply above 0.9)",
+                    self.hash_load_factor
+                ),
             ));
         }
         if !(32..=4096).contains(&self.fps_tile) || !self.fps_tile.is_power_of_two() {
             return Err(bad(
                 "fps_tile",
-                format!("{} is not a power of two in 32..=4096 (12 bytes/point must fit 48 KB of shared memory)", self.fps_tile),
+                format!(
+                    "{} is not a power of two in 32..=4096 (12 bytes/point must fit 48 KB of shared memory)",
+                    self.fps_tile
+                ),
             ));
         }
         if self.nms_tile != 32 && self.nms_tile != 64 {
-            return Err(bad("nms_tile", format!("{} must be 32 or 64 (bits of one suppression mask word)", self.nms_tile)));
+            return Err(bad(
+                "nms_tile",
+                format!("{} must be 32 or 64 (bits of one suppression mask word)", self.nms_tile),
+            ));
         }
         if self.block_size.nms < self.nms_tile {
-            return Err(bad("block_size.nms", format!("{} is smaller than nms_tile {}", self.block_size.nms, self.nms_tile)));
+            return Err(bad(
+                "block_size.nms",
+                format!("{} is smaller than nms_tile {}", self.block_size.nms, self.nms_tile),
+            ));
         }
-        for (key, v) in [("pools.points", self.pools.points), ("pools.voxels", self.pools.voxels), ("pools.boxes", self.pools.boxes)] {
+        for (key, v) in [
+            ("pools.points", self.pools.points),
+            ("pools.voxels", self.pools.voxels),
+            ("pools.boxes", self.pools.boxes),
+        ] {
             if v == 0 || v > (1usize << 31) {
                 return Err(bad(key, format!("{v} is outside 1..=2^31")));
             }

@@ -39,7 +39,10 @@ impl CheckTable {
 
 impl fmt::Display for CheckTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "| operator | case | points | integers identical | max rel err (tol) | deterministic | result | detail |")?;
+        writeln!(
+            f,
+            "| operator | case | points | integers identical | max rel err (tol) | deterministic | result | detail |"
+        )?;
         writeln!(f, "|---|---|---:|---|---|---|---|---|")?;
         for r in &self.0 {
             writeln!(
@@ -87,7 +90,11 @@ pub struct BenchTable {
 
 impl fmt::Display for BenchTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "Device: {}; measured device copy bandwidth {:.0} GB/s (read + write)\n", self.device, self.copy_bandwidth_gbs)?;
+        writeln!(
+            f,
+            "Device: {}; measured device copy bandwidth {:.0} GB/s (read + write)\n",
+            self.device, self.copy_bandwidth_gbs
+        )?;
         writeln!(f, "| operator | workload | points | GPU median ms | runs | achieved GB/s (% of copy) | target ms | best peer ms | note |")?;
         writeln!(f, "|---|---|---:|---:|---:|---:|---:|---:|---|")?;
         for r in &self.rows {

@@ -91,9 +91,9 @@ pub fn exotic_message(scan: &Cloud, height: u32) -> PointCloud2<'static> {
         let x = if i % 997 == 5 { f32::NAN } else { xs[j] };
         put(8, &x.to_be_bytes());
         let y = match i % 1000 {
-            7 => 1e39,                                  // overflows float32: inf, dropped
-            8 => -1e-46,                                // underflows to -0.0
-            9 => 1.5e-40,                               // float32 subnormal
+            7 => 1e39,                                 // overflows float32: inf, dropped
+            8 => -1e-46,                               // underflows to -0.0
+            9 => 1.5e-40,                              // float32 subnormal
             _ => ys[j] as f64 + 1e-9 * (i % 7) as f64, // needs rounding
         };
         put(12, &y.to_be_bytes());

@@ -11,8 +11,14 @@ use std::path::Path;
 use std::time::Instant;
 
 /// The shipped Ouster scans, by file name.
-const SCANS: [&str; 6] =
-    ["os1-128_scan0.bin", "os1-128_scan1.bin", "os1-128_scan2.bin", "os0-128_scan0.bin", "os2-128_scan0.bin", "os1-32_scan0.bin"];
+const SCANS: [&str; 6] = [
+    "os1-128_scan0.bin",
+    "os1-128_scan1.bin",
+    "os1-128_scan2.bin",
+    "os0-128_scan0.bin",
+    "os2-128_scan0.bin",
+    "os1-32_scan0.bin",
+];
 
 fn gather_row(ctx: &GpuContext, case: &str, msg: &PointCloud2<'_>) -> Result<CheckRow, GpuError> {
     // Two runs that each equal the CPU bit for bit are also equal to each other.
@@ -40,7 +46,11 @@ fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, Gp
     let mut rows = Vec::new();
     for name in SCANS {
         let scan = load_ouster_bin(&ouster_dir.join(name)).map_err(|e| GpuError::Unsupported(e.to_string()))?;
-        rows.push(gather_row(ctx, &format!("ouster {name} (48-byte layout)"), &ouster_cloud_message(&scan, Header::default()))?);
+        rows.push(gather_row(
+            ctx,
+            &format!("ouster {name} (48-byte layout)"),
+            &ouster_cloud_message(&scan, Header::default()),
+        )?);
         if name == SCANS[0] {
             rows.push(gather_row(ctx, "organized big-endian every datatype", &exotic_message(&scan, 127))?);
             rows.push(gather_row(ctx, "10 copies with NaN/inf (xyzi)", &big_message(&scan, 10))?);
@@ -51,7 +61,11 @@ fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, Gp
 
 /// A second context with the same options must load every module from the cubin cache.
 fn check_cache(ctx: &GpuContext) -> Result<CheckRow, GpuError> {
-    let options = GpuOptions { profile: ProfileChoice::Named(ctx.profile.name.clone()), cache_dir: ctx.cache_dir.clone(), ..GpuOptions::default() };
+    let options = GpuOptions {
+        profile: ProfileChoice::Named(ctx.profile.name.clone()),
+        cache_dir: ctx.cache_dir.clone(),
+        ..GpuOptions::default()
+    };
     let second = GpuContext::new(options)?;
     let (hits, modules) = (second.cache_hits(), second.modules().len());
     Ok(CheckRow {
@@ -67,7 +81,12 @@ fn check_cache(ctx: &GpuContext) -> Result<CheckRow, GpuError> {
 }
 
 /// Every check; `seed` draws the random clouds and boxes.
-pub fn check_all(ctx: &GpuContext, seed: u64, ouster_dir: &Path, eval_dir: Option<&Path>) -> Result<CheckTable, GpuError> {
+pub fn check_all(
+    ctx: &GpuContext,
+    seed: u64,
+    ouster_dir: &Path,
+    eval_dir: Option<&Path>,
+) -> Result<CheckTable, GpuError> {
     let mut rows = vec![check_cache(ctx)?];
     rows.extend(check_gather(ctx, ouster_dir)?);
     rows.extend(voxel::check(ctx, seed, ouster_dir)?);
@@ -111,7 +130,14 @@ fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<BenchRow, GpuError
         }
     }
     ms.sort_by(f64::total_cmp);
-    let stages = pipeline.stats.key_values().into_iter().filter(|(k, _)| k.ends_with("_p50_ms")).map(|(k, v)| format!("{}={v}", k.trim_end_matches("_p50_ms"))).collect::<Vec<_>>().join(" ");
+    let stages = pipeline
+        .stats
+        .key_values()
+        .into_iter()
+        .filter(|(k, _)| k.ends_with("_p50_ms"))
+        .map(|(k, v)| format!("{}={v}", k.trim_end_matches("_p50_ms")))
+        .collect::<Vec<_>>()
+        .join(" ");
     Ok(BenchRow {
         operator: "pipeline (default config)".into(),
         workload: "os1-128_scan0 CDR, 48-byte points, wall clock".into(),

@@ -137,7 +137,14 @@ fn cache_key_changes_with_each_input() {
 #[test]
 fn compile_options_are_bit_exact() {
     let o = compile_options("sm_72", &KernelProfile::builtin("xavier").unwrap());
-    for want in ["--gpu-architecture=sm_72", "-std=c++17", "--fmad=false", "--ftz=false", "-DGATHER_BLOCK=256", "-DGATHER_ITEMS=8"] {
+    for want in [
+        "--gpu-architecture=sm_72",
+        "-std=c++17",
+        "--fmad=false",
+        "--ftz=false",
+        "-DGATHER_BLOCK=256",
+        "-DGATHER_ITEMS=8",
+    ] {
         assert!(o.iter().any(|x| x == want), "{want} missing from {o:?}");
     }
     assert!(o.iter().any(|x| x == "-DHASH_LOAD_FACTOR=0.500000f"), "{o:?}");
@@ -166,7 +173,9 @@ fn channel_fields_follow_cpu_rule() {
     let f = |n: &str, o: u32| PointField::new(n, o, Datatype::Float32);
     let mut multi = f("normal", 16);
     multi.count = 3;
-    let layout = PointLayout::new(vec![f("i", 0), f("z", 4), f("y", 8), f("x", 12), multi, f("i", 28), f("t", 32)], 36, false).unwrap();
+    let layout =
+        PointLayout::new(vec![f("i", 0), f("z", 4), f("y", 8), f("x", 12), multi, f("i", 28), f("t", 32)], 36, false)
+            .unwrap();
     let names: Vec<_> = gather::channel_fields(&layout).iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["x", "y", "z", "i", "t"]);
     assert_eq!(gather::channel_fields(&layout)[3].offset, 0, "first of each name");
@@ -203,8 +212,10 @@ fn nvrtc_failure_carries_the_log() {
     assert!(text.contains("this_is_not_declared") && text.contains("broken"), "{text}");
     // A block size the kernel refuses at compile time (#error), with the log naming it.
     let src = kernels::kernel("gather").unwrap().source;
-    let bad_only: Vec<String> =
-        o.iter().map(|x| if x.starts_with("-DGATHER_BLOCK=") { "-DGATHER_BLOCK=48".to_string() } else { x.clone() }).collect();
+    let bad_only: Vec<String> = o
+        .iter()
+        .map(|x| if x.starts_with("-DGATHER_BLOCK=") { "-DGATHER_BLOCK=48".to_string() } else { x.clone() })
+        .collect();
     let e = compile_cubin("gather", src, &bad_only).unwrap_err().to_string();
     assert!(e.contains("GATHER_BLOCK must be a multiple of 32"), "{e}");
 }

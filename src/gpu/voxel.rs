@@ -33,9 +33,11 @@ use super::gather::DeviceCloud;
 use super::report::{BenchRow, CheckRow, Rng};
 use super::GpuError;
 use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
-use crate::ops::voxel::{DynamicVoxels, Downsampled, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
+use crate::ops::voxel::{Downsampled, DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
 use crate::ops::Validate;
-use cudarc::driver::{result as drv, sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    result as drv, sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
@@ -266,10 +268,17 @@ impl GpuVoxelizer {
 
     fn check_channels(cloud: &DeviceCloud, channels: &[usize]) -> Result<(), GpuError> {
         if 3 + channels.len() > MAX_CHANNELS {
-            return Err(GpuError::Unsupported(format!("{} extra channels: at most {}", channels.len(), MAX_CHANNELS - 3)));
+            return Err(GpuError::Unsupported(format!(
+                "{} extra channels: at most {}",
+                channels.len(),
+                MAX_CHANNELS - 3
+            )));
         }
         if let Some(&c) = channels.iter().find(|&&c| c >= cloud.num_channels()) {
-            return Err(GpuError::Unsupported(format!("channel index {c} of a cloud with {} channels", cloud.num_channels())));
+            return Err(GpuError::Unsupported(format!(
+                "channel index {c} of a cloud with {} channels",
+                cloud.num_channels()
+            )));
         }
         if cloud.capacity > u32::MAX as usize || cloud.len > MAX_POINTS {
             return Err(GpuError::Unsupported(format!("cloud too large: at most {MAX_POINTS} points (30-bit counts)")));
@@ -309,7 +318,8 @@ impl GpuVoxelizer {
         let n = cloud.len;
         let block = ctx.profile.block_size.voxel;
         let tile = block as usize * ctx.profile.items_per_thread.voxel as usize;
-        let (mut p, slots) = make_params(grid, n, cloud.capacity, channels, max_voxels, max_points, ctx.profile.hash_load_factor);
+        let (mut p, slots) =
+            make_params(grid, n, cloud.capacity, channels, max_voxels, max_points, ctx.profile.hash_load_factor);
         let km = p.key_max as usize;
         let ctr = self.counters.ensure(CTR_TOTAL)?;
         if n == 0 {
@@ -341,7 +351,8 @@ impl GpuVoxelizer {
         let va = self.vals[0].ensure(n)?;
         let vb = self.vals[1].ensure(n)?;
         let seg = self.seg_start.ensure(km.max(1))?;
-        let (pv, pc) = if point_outputs { (self.point_voxel.ensure(n)?, self.point_coords.ensure(3 * n)?) } else { (0, 0) };
+        let (pv, pc) =
+            if point_outputs { (self.point_voxel.ensure(n)?, self.point_coords.ensure(3 * n)?) } else { (0, 0) };
         let mut mark = |name: &str| -> Result<(), GpuError> {
             if let Some(t) = timer.as_deref_mut() {
                 t.stage(name)?;
@@ -362,7 +373,16 @@ impl GpuVoxelizer {
         mark("insert")?;
         {
             let mut l = s.launch_builder(&self.f_rank);
-            l.arg(&pslot).arg(&tkeys).arg(&first).arg(&vid).arg(&coords).arg(&rstat).arg(&ctr).arg(&ka).arg(&pv).arg(&p);
+            l.arg(&pslot)
+                .arg(&tkeys)
+                .arg(&first)
+                .arg(&vid)
+                .arg(&coords)
+                .arg(&rstat)
+                .arg(&ctr)
+                .arg(&ka)
+                .arg(&pv)
+                .arg(&p);
             // SAFETY: matches vox_rank_keys; coords holds 3 * key_max ints (ranks written only below
             // min(max_voxels, distinct) <= key_max); status `tiles` words; keys n; point_voxel n or null.
             unsafe { l.launch(cfg(tiles, block)) }?;
@@ -374,7 +394,8 @@ impl GpuVoxelizer {
         let stride = (tiles * RADIX_BINS * std::mem::size_of::<u64>()) as u64;
         for q in 0..passes {
             let last = q + 1 == passes;
-            let (kin, vin, kout, vout) = if q % 2 == 0 { (ka, if q == 0 { 0 } else { va }, kb, vb) } else { (kb, vb, ka, va) };
+            let (kin, vin, kout, vout) =
+                if q % 2 == 0 { (ka, if q == 0 { 0 } else { va }, kb, vb) } else { (kb, vb, ka, va) };
             let kout = if last { 0 } else { kout };
             let st = sstat + q as u64 * stride;
             let q32 = q as u32;
@@ -448,7 +469,12 @@ impl GpuVoxelizer {
             | if pillar == Some(true) { FLAG_RANGE } else { 0 };
         let pp = params.max_points_per_voxel as usize;
         let km = p.key_max as usize;
-        self.last = LastOp::Hard { max_points: pp, num_channels: p.num_ch as usize, pillar_channels: pc, max_voxels: params.max_voxels };
+        self.last = LastOp::Hard {
+            max_points: pp,
+            num_channels: p.num_ch as usize,
+            pillar_channels: pc,
+            max_voxels: params.max_voxels,
+        };
         self.last_params = p;
         let np = self.num_points.ensure(km.max(1))?;
         let feats = self.features.ensure(if raw { km * pp * p.num_ch as usize } else { 1 }.max(1))?;
@@ -490,7 +516,8 @@ impl GpuVoxelizer {
         if p.n == 0 {
             return Ok(());
         }
-        let (feats, np, coords, ctr) = (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr());
+        let (feats, np, coords, ctr) =
+            (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr());
         let mut l = ctx.stream.launch_builder(&self.f_pillar);
         l.arg(&feats).arg(&np).arg(&coords).arg(&ctr).arg(&pil).arg(&p);
         // SAFETY: matches vox_pillar; buffers sized by hard_device for key_max voxels.
@@ -499,7 +526,13 @@ impl GpuVoxelizer {
     }
 
     /// Dynamic voxelization with means, results left on the device.
-    pub fn dynamic_device(&mut self, ctx: &GpuContext, cloud: &DeviceCloud, channels: &[usize], grid: &VoxelGrid) -> Result<(), GpuError> {
+    pub fn dynamic_device(
+        &mut self,
+        ctx: &GpuContext,
+        cloud: &DeviceCloud,
+        channels: &[usize],
+        grid: &VoxelGrid,
+    ) -> Result<(), GpuError> {
         let s = &ctx.stream;
         let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
         let p = self.enqueue_core(ctx, cloud, cloud_ptr, channels, grid, None, 1, true, None)?;
@@ -548,7 +581,11 @@ impl GpuVoxelizer {
             dropped_voxel_capacity: ctr[CTR_VOXEL_CAP] as usize,
         };
         let pf = if pillar_channels > 0 {
-            Some(PillarFeatures { features: self.pillar.to_host(v * max_points * pillar_channels)?, num_channels: pillar_channels, max_points })
+            Some(PillarFeatures {
+                features: self.pillar.to_host(v * max_points * pillar_channels)?,
+                num_channels: pillar_channels,
+                max_points,
+            })
         } else {
             None
         };
@@ -566,7 +603,12 @@ impl GpuVoxelizer {
         let (src, c) = match pillar {
             true if pillar_channels > 0 => (self.pillar.ptr(), pillar_channels),
             false if raw_written => (self.features.ptr(), num_channels),
-            _ => return Err(GpuError::Unsupported(format!("the last hard voxelization wrote no {} features", if pillar { "pillar" } else { "raw" }))),
+            _ => {
+                return Err(GpuError::Unsupported(format!(
+                    "the last hard voxelization wrote no {} features",
+                    if pillar { "pillar" } else { "raw" }
+                )))
+            }
         };
         let v = (self.counters_host()?[CTR_VOXELS]).min(max_voxels) as usize;
         let n = v * max_points * c;
@@ -720,14 +762,24 @@ impl<T> Drop for DevBuf<T> {
 // ---------------------------------------------------------------------------------------------
 
 /// [`crate::ops::voxel::voxelize_hard`] on the device cloud (channels x, y, z + `channels`).
-pub fn voxelize_hard(ctx: &GpuContext, cloud: &DeviceCloud, channels: &[usize], params: &HardVoxelParams) -> Result<HardVoxels, GpuError> {
+pub fn voxelize_hard(
+    ctx: &GpuContext,
+    cloud: &DeviceCloud,
+    channels: &[usize],
+    params: &HardVoxelParams,
+) -> Result<HardVoxels, GpuError> {
     let mut v = GpuVoxelizer::new(ctx)?;
     v.hard_device(ctx, cloud, channels, params, true, None)?;
     Ok(v.hard_to_host(ctx)?.0)
 }
 
 /// [`crate::ops::voxel::voxelize_dynamic`] on the device cloud.
-pub fn voxelize_dynamic(ctx: &GpuContext, cloud: &DeviceCloud, channels: &[usize], grid: &VoxelGrid) -> Result<DynamicVoxels, GpuError> {
+pub fn voxelize_dynamic(
+    ctx: &GpuContext,
+    cloud: &DeviceCloud,
+    channels: &[usize],
+    grid: &VoxelGrid,
+) -> Result<DynamicVoxels, GpuError> {
     let mut v = GpuVoxelizer::new(ctx)?;
     v.dynamic_device(ctx, cloud, channels, grid)?;
     v.dynamic_to_host(ctx)
@@ -740,7 +792,12 @@ pub fn downsampled_from(dv: &DynamicVoxels, names: &[String]) -> Downsampled {
 }
 
 /// [`crate::ops::voxel::voxel_grid_downsample`] on the device cloud.
-pub fn voxel_grid_downsample(ctx: &GpuContext, cloud: &DeviceCloud, channels: &[usize], grid: &VoxelGrid) -> Result<Downsampled, GpuError> {
+pub fn voxel_grid_downsample(
+    ctx: &GpuContext,
+    cloud: &DeviceCloud,
+    channels: &[usize],
+    grid: &VoxelGrid,
+) -> Result<Downsampled, GpuError> {
     let dv = voxelize_dynamic(ctx, cloud, channels, grid)?;
     let names: Vec<String> = [0, 1, 2].iter().chain(channels).map(|&c| cloud.names[c].clone()).collect();
     Ok(downsampled_from(&dv, &names))
@@ -783,7 +840,6 @@ pub fn w1_voxels() -> HardVoxelParams {
     }
 }
 
-
 fn random_cloud(rng: &mut Rng, n: usize) -> Cloud {
     let mut c = [Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n)];
     for _ in 0..n {
@@ -824,7 +880,8 @@ pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
     out.push(("duplicates 500x40".to_string(), base.select(&idx)));
     // Borders: exact voxel and range borders of both W1 grids (multiples of 0.16, 0.1, 0.2, and the
     // range ends), every combination of a few.
-    let xs: Vec<f32> = (0..=640).map(|k| -51.2 + 0.16 * k as f32).chain([-51.2, 51.2, 51.199997, -51.200001, 0.0, -0.0]).collect();
+    let xs: Vec<f32> =
+        (0..=640).map(|k| -51.2 + 0.16 * k as f32).chain([-51.2, 51.2, 51.199997, -51.200001, 0.0, -0.0]).collect();
     let zs = [-5.0f32, 5.0, 3.0, 2.999_999_8, -5.000_000_5, 0.0, 0.2, 0.4, 0.6000001, 4.99];
     let (mut bx, mut by, mut bz) = (Vec::new(), Vec::new(), Vec::new());
     for (k, &x) in xs.iter().enumerate() {
@@ -838,7 +895,10 @@ pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
         }
     }
     let nb = bx.len();
-    out.push(("borders".to_string(), Cloud::from_xyz(bx, by, bz).with_channel("intensity", (0..nb).map(|k| k as f32).collect())));
+    out.push((
+        "borders".to_string(),
+        Cloud::from_xyz(bx, by, bz).with_channel("intensity", (0..nb).map(|k| k as f32).collect()),
+    ));
     // NaN / inf points (dropped by the gather), and NaN intensities (kept; they propagate).
     let mut nan = random_cloud(&mut rng, 50_000);
     {
@@ -889,7 +949,11 @@ fn max_rel(a: &[f32], b: &[f32]) -> f64 {
             continue;
         }
         let (x, y) = (x as f64, y as f64);
-        let d = if x.is_finite() && y.is_finite() { (x - y).abs() / x.abs().max(y.abs()).max(f64::MIN_POSITIVE) } else { f64::INFINITY };
+        let d = if x.is_finite() && y.is_finite() {
+            (x - y).abs() / x.abs().max(y.abs()).max(f64::MIN_POSITIVE)
+        } else {
+            f64::INFINITY
+        };
         m = m.max(d);
     }
     m
@@ -925,8 +989,12 @@ fn first_hard_diff(g: &HardVoxels, c: &HardVoxels) -> String {
     }
     format!(
         "counters gpu oor {} pcap {} vcap {} / cpu {} {} {}",
-        g.dropped_out_of_range, g.dropped_point_capacity, g.dropped_voxel_capacity,
-        c.dropped_out_of_range, c.dropped_point_capacity, c.dropped_voxel_capacity
+        g.dropped_out_of_range,
+        g.dropped_point_capacity,
+        g.dropped_voxel_capacity,
+        c.dropped_out_of_range,
+        c.dropped_point_capacity,
+        c.dropped_voxel_capacity
     )
 }
 
@@ -952,7 +1020,8 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
         files.truncate(1);
     }
     for (k, f) in files.iter().enumerate() {
-        let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| GpuError::Unsupported(format!("{}: {e}", f.display())))?;
+        let scan = crate::bag::sample::load_ouster_bin(f)
+            .map_err(|e| GpuError::Unsupported(format!("{}: {e}", f.display())))?;
         // Channel 3 = reflectivity as the intensity; the first scan also carries ring and t.
         let chans = if k == 0 { vec![3, 4, 5] } else { vec![3] };
         cases.push((format!("ouster {}", f.file_name().unwrap().to_string_lossy()), scan, chans));
@@ -981,7 +1050,9 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             let half_pillar = vox.hard_features_f16(ctx, true)?;
             vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
             let (g2, pf2) = vox.hard_to_host(ctx)?;
-            let half_bits = |h: &[half::f16]| h.iter().map(|v| if v.is_nan() { u16::MAX } else { v.to_bits() }).collect::<Vec<u16>>();
+            let half_bits = |h: &[half::f16]| {
+                h.iter().map(|v| if v.is_nan() { u16::MAX } else { v.to_bits() }).collect::<Vec<u16>>()
+            };
             let half_same = half_bits(&half_raw) == half_bits(&cpu::features_f16(&exp.features))
                 && pf1.as_ref().is_some_and(|p| half_bits(&half_pillar) == half_bits(&cpu::features_f16(&p.features)));
             rows.push(CheckRow {
@@ -992,10 +1063,18 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
                 max_rel_err: 0.0,
                 float_tolerance: 0.0,
                 deterministic: half_bits(&half_raw) == half_bits(&vox.hard_features_f16(ctx, false)?),
-                detail: format!("{} raw + {} pillar values, fp16 bits vs CPU rounding (NaN as one class)", half_raw.len(), half_pillar.len()),
+                detail: format!(
+                    "{} raw + {} pillar values, fp16 bits vs CPU rounding (NaN as one class)",
+                    half_raw.len(),
+                    half_pillar.len()
+                ),
             });
             let ints = hard_same(&g1, &exp);
-            let rel = if bits_eq(&g1.features, &exp.features) { 0.0 } else { max_rel(&g1.features, &exp.features).max(1e-300) };
+            let rel = if bits_eq(&g1.features, &exp.features) {
+                0.0
+            } else {
+                max_rel(&g1.features, &exp.features).max(1e-300)
+            };
             rows.push(CheckRow {
                 operator: "voxelize_hard".into(),
                 case: label.clone(),
@@ -1007,7 +1086,11 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
                 detail: if ints {
                     format!(
                         "V={} kept={} oor={} pcap={} vcap={}",
-                        g1.voxel_count(), g1.kept_points(), g1.dropped_out_of_range, g1.dropped_point_capacity, g1.dropped_voxel_capacity
+                        g1.voxel_count(),
+                        g1.kept_points(),
+                        g1.dropped_out_of_range,
+                        g1.dropped_point_capacity,
+                        g1.dropped_voxel_capacity
                     )
                 } else {
                     first_hard_diff(&g1, &exp)
@@ -1016,7 +1099,8 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             let pf1 = pf1.unwrap();
             let pf2 = pf2.unwrap();
             for with_range in [true, false] {
-                let pexp = cpu::pillar_features(&exp, &params.grid, with_range).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+                let pexp = cpu::pillar_features(&exp, &params.grid, with_range)
+                    .map_err(|e| GpuError::Unsupported(e.to_string()))?;
                 let (fused, fused2) = if with_range {
                     (pf1.clone(), pf2.clone())
                 } else {
@@ -1035,7 +1119,13 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
                     case: label.clone(),
                     points: npts,
                     integers_identical: fused.num_channels == pexp.num_channels && fused.max_points == pexp.max_points,
-                    max_rel_err: if same { 0.0 } else { max_rel(&fused.features, &pexp.features).max(max_rel(&standalone.features, &pexp.features)).max(1e-300) },
+                    max_rel_err: if same {
+                        0.0
+                    } else {
+                        max_rel(&fused.features, &pexp.features)
+                            .max(max_rel(&standalone.features, &pexp.features))
+                            .max(1e-300)
+                    },
                     float_tolerance: 0.0,
                     deterministic: bits_eq(&fused.features, &fused2.features),
                     detail: format!("fused + standalone kernel, {} floats", fused.features.len()),
@@ -1058,12 +1148,18 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
                 max_rel_err: max_rel(&d1.means, &dexp.means),
                 float_tolerance: 1e-6,
                 deterministic: dyn_same(&d1, &d2) && bits_eq(&d1.means, &d2.means),
-                detail: format!("V={} oor={} means bit-identical: {}", d1.voxel_count(), d1.dropped_out_of_range, bits_eq(&d1.means, &dexp.means)),
+                detail: format!(
+                    "V={} oor={} means bit-identical: {}",
+                    d1.voxel_count(),
+                    d1.dropped_out_of_range,
+                    bits_eq(&d1.means, &dexp.means)
+                ),
             });
             let ds_exp = cpu::voxel_grid_downsample(&proj, &params.grid);
             let ds = voxel_grid_downsample(ctx, &dev, chans, &params.grid)?;
             let ds2 = voxel_grid_downsample(ctx, &dev, chans, &params.grid)?;
-            let cols_rel = ds.cloud.columns().iter().zip(ds_exp.cloud.columns()).map(|(a, b)| max_rel(a, b)).fold(0.0, f64::max);
+            let cols_rel =
+                ds.cloud.columns().iter().zip(ds_exp.cloud.columns()).map(|(a, b)| max_rel(a, b)).fold(0.0, f64::max);
             let cols_det = ds.cloud.columns().iter().zip(ds2.cloud.columns()).all(|(a, b)| bits_eq(a, b));
             rows.push(CheckRow {
                 operator: "voxel_grid_downsample".into(),
@@ -1095,7 +1191,11 @@ fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, GpuError> {
 }
 
 /// (median GPU ms between events around `f`, median host µs spent enqueueing `f`).
-fn median_ms(timer: &mut StageTimer, runs: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<(f64, f64), GpuError> {
+fn median_ms(
+    timer: &mut StageTimer,
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), GpuError>,
+) -> Result<(f64, f64), GpuError> {
     for _ in 0..10 {
         f()?;
     }
@@ -1191,7 +1291,8 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
                 note: format!("V={} kept={} host {host_us:.1} us", h.voxel_count(), h.kept_points()),
             });
             if cfg_name == "pillars" {
-                let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
+                let (ms, host_us) =
+                    median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
                 let (h, pf) = vox.hard_to_host(ctx)?;
                 let pf = pf.unwrap();
                 rows.push(BenchRow {
@@ -1338,7 +1439,12 @@ mod tests {
         }
         let k = super::super::kernels::kernel("voxel").unwrap();
         let profiles = super::super::profile::KernelProfile::builtins().unwrap();
-        let rep = super::super::nvrtc::nvrtc_check_with(std::slice::from_ref(k), &profiles, &super::super::nvrtc::CHECK_ARCHS).unwrap();
+        let rep = super::super::nvrtc::nvrtc_check_with(
+            std::slice::from_ref(k),
+            &profiles,
+            &super::super::nvrtc::CHECK_ARCHS,
+        )
+        .unwrap();
         println!("{rep}");
         assert!(rep.all_ok(), "{rep}");
     }

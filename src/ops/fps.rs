@@ -3,8 +3,8 @@
 //! Distances are [`dist2`] (squared Euclidean in f32, `(dx*dx + dy*dy) + dz*dz`, no FMA); see
 //! [`crate::ops::neighbors`] for the exact arithmetic a GPU port must reproduce.
 
-use super::neighbors::{for_each_row_block, MAX_POINTS};
 pub use super::neighbors::dist2;
+use super::neighbors::{for_each_row_block, MAX_POINTS};
 use super::{ParamError, Validate};
 use crate::cloud::Cloud;
 use serde::{Deserialize, Serialize};
@@ -112,7 +112,11 @@ pub fn farthest_point_sample_batched(
     }
     let total = *offsets.last().unwrap();
     if total != points.len() {
-        return Err(ParamError::new("lengths", format!("sum {total}"), &format!("sum of lengths = number of points ({})", points.len())));
+        return Err(ParamError::new(
+            "lengths",
+            format!("sum {total}"),
+            &format!("sum of lengths = number of points ({})", points.len()),
+        ));
     }
     for (b, &l) in lengths.iter().enumerate() {
         if l > MAX_POINTS {

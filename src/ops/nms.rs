@@ -227,7 +227,7 @@ const PIO2_C3: f32 = f32::from_bits(0x33a2_2000); // 7.549533620476723e-8
 const PIO2_C4: f32 = f32::from_bits(0x2c34_6000); // 2.5632829192545614e-12
 const PIO2_C5: f32 = f32::from_bits(0x248d_3132); // 6.123234262925839e-17
 const TWO_OVER_PI: f32 = f32::from_bits(0x3f22_f983); // 0.63661975
-// Taylor coefficients, f32-rounded: sin: -1/3!, 1/5!, -1/7!, 1/9!; cos: 1/4!, -1/6!, 1/8!, -1/10!.
+                                                      // Taylor coefficients, f32-rounded: sin: -1/3!, 1/5!, -1/7!, 1/9!; cos: 1/4!, -1/6!, 1/8!, -1/10!.
 const S3: f32 = f32::from_bits(0xbe2a_aaab);
 const S5: f32 = f32::from_bits(0x3c08_8889);
 const S7: f32 = f32::from_bits(0xb950_0d01);
@@ -889,9 +889,10 @@ mod tests {
             #[serde(flatten)]
             params: NmsParams,
         }
-        let s: Stage =
-            serde_yaml::from_str("enabled: true\nkind: circle\nthreshold: 0.5\nscore_threshold: -.inf\npre_max_size: null\n")
-                .unwrap();
+        let s: Stage = serde_yaml::from_str(
+            "enabled: true\nkind: circle\nthreshold: 0.5\nscore_threshold: -.inf\npre_max_size: null\n",
+        )
+        .unwrap();
         assert_eq!(s.params, NmsParams::new(NmsKind::Circle, 0.5));
     }
 
@@ -906,10 +907,7 @@ mod tests {
     fn errors() {
         let p = NmsParams::new(NmsKind::AxisAligned, 0.5);
         let b = [unit(0.0, 0.0); 2];
-        assert_eq!(
-            nms(&b, &[1.0], &[], &p),
-            Err(NmsError::LengthMismatch { boxes: 2, scores: 1, classes: 0 })
-        );
+        assert_eq!(nms(&b, &[1.0], &[], &p), Err(NmsError::LengthMismatch { boxes: 2, scores: 1, classes: 0 }));
         assert_eq!(nms(&b, &[1.0, f32::NAN], &[], &p), Err(NmsError::NanScore { index: 1 }));
         let mut bad = b;
         bad[1].width = -1.0;
@@ -929,7 +927,9 @@ mod tests {
         };
         let n = 600;
         let boxes: Vec<Box3d> = (0..n)
-            .map(|_| Box3d::new(rnd() * 30.0, rnd() * 30.0, 0.0, 0.5 + rnd() * 4.0, 0.5 + rnd() * 2.0, 1.0, rnd() * 7.0))
+            .map(|_| {
+                Box3d::new(rnd() * 30.0, rnd() * 30.0, 0.0, 0.5 + rnd() * 4.0, 0.5 + rnd() * 2.0, 1.0, rnd() * 7.0)
+            })
             .collect();
         let scores: Vec<f32> = (0..n).map(|_| (rnd() * 10.0).floor()).collect();
         for (kind, t) in [(NmsKind::AxisAligned, 0.3), (NmsKind::RotatedBev, 0.3), (NmsKind::Circle, 1.0)] {

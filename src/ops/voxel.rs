@@ -323,13 +323,7 @@ pub fn voxelize_hard(cloud: &Cloud, params: &HardVoxelParams) -> Result<HardVoxe
             continue;
         };
         let next = out.coords.len();
-        let v = *map.entry(ix.linear(coord)).or_insert_with(|| {
-            if next < max_voxels {
-                next as u32
-            } else {
-                NOT_KEPT
-            }
-        });
+        let v = *map.entry(ix.linear(coord)).or_insert_with(|| if next < max_voxels { next as u32 } else { NOT_KEPT });
         if v == NOT_KEPT {
             out.dropped_voxel_capacity += 1;
             continue;
@@ -460,11 +454,7 @@ pub fn voxelize_dynamic(cloud: &Cloud, grid: &VoxelGrid) -> DynamicVoxels {
             }
         }
     }
-    out.means = sums
-        .iter()
-        .enumerate()
-        .map(|(j, &s)| (s / out.num_points[j / c] as f64) as f32)
-        .collect();
+    out.means = sums.iter().enumerate().map(|(j, &s)| (s / out.num_points[j / c] as f64) as f32).collect();
     tracing::trace!(voxels = nv, out_of_range = out.dropped_out_of_range, "voxelize_dynamic");
     out
 }
@@ -552,7 +542,11 @@ pub fn pillar_features(voxels: &HardVoxels, grid: &VoxelGrid, with_range: bool) 
     let p = voxels.max_points;
     let nv = voxels.coords.len();
     if voxels.num_points.len() != nv {
-        return Err(ParamError::new("voxels.num_points", voxels.num_points.len(), &format!("length = coords length {nv}")));
+        return Err(ParamError::new(
+            "voxels.num_points",
+            voxels.num_points.len(),
+            &format!("length = coords length {nv}"),
+        ));
     }
     if voxels.features.len() != nv * p * c {
         return Err(ParamError::new(

@@ -47,8 +47,13 @@ pub struct VoxelizeStage {
 impl Default for VoxelizeStage {
     fn default() -> Self {
         // PointPillars-style pillars over a 360-degree scan (the W1 benchmark configuration).
-        let grid = VoxelGrid { voxel_size: [0.16, 0.16, 10.0], point_cloud_range: [-51.2, -51.2, -5.0, 51.2, 51.2, 5.0] };
-        Self { enabled: true, mode: VoxelMode::Hard, params: HardVoxelParams { grid, max_points_per_voxel: 32, max_voxels: 60000 } }
+        let grid =
+            VoxelGrid { voxel_size: [0.16, 0.16, 10.0], point_cloud_range: [-51.2, -51.2, -5.0, 51.2, 51.2, 5.0] };
+        Self {
+            enabled: true,
+            mode: VoxelMode::Hard,
+            params: HardVoxelParams { grid, max_points_per_voxel: 32, max_voxels: 60000 },
+        }
     }
 }
 
@@ -64,7 +69,10 @@ impl Default for DownsampleStage {
     fn default() -> Self {
         Self {
             enabled: true,
-            grid: VoxelGrid { voxel_size: [0.2, 0.2, 0.2], point_cloud_range: [-100.0, -100.0, -10.0, 100.0, 100.0, 10.0] },
+            grid: VoxelGrid {
+                voxel_size: [0.2, 0.2, 0.2],
+                point_cloud_range: [-100.0, -100.0, -10.0, 100.0, 100.0, 10.0],
+            },
         }
     }
 }
@@ -103,7 +111,12 @@ pub struct NeighborsStage {
 
 impl Default for NeighborsStage {
     fn default() -> Self {
-        Self { enabled: true, mode: NeighborMode::BallQuery, knn: KnnParams::default(), ball_query: BallQueryParams::default() }
+        Self {
+            enabled: true,
+            mode: NeighborMode::BallQuery,
+            knn: KnnParams::default(),
+            ball_query: BallQueryParams::default(),
+        }
     }
 }
 
@@ -119,7 +132,11 @@ pub struct NmsStage {
 
 impl Default for NmsStage {
     fn default() -> Self {
-        Self { enabled: true, boxes_topic: "/detections/boxes".into(), params: NmsParams::new(NmsKind::RotatedBev, 0.5) }
+        Self {
+            enabled: true,
+            boxes_topic: "/detections/boxes".into(),
+            params: NmsParams::new(NmsKind::RotatedBev, 0.5),
+        }
     }
 }
 

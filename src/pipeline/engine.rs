@@ -1,8 +1,8 @@
 //! The backend a pipeline runs on: the CPU reference, or CUDA with the frame kept on the device
 //! from the gather to the last stage (one context, scratch buffers reused frame after frame).
 
-use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
 use super::config::{NeighborMode, PipelineConfig, VoxelMode};
+use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
 use crate::cloud::{gather, Cloud, Gathered, PointCloud2};
 use crate::gpu::fps::{farthest_point_sample_with, upload_xyz, DeviceXyz, FpsScratch};
 use crate::gpu::neighbors::{ball_query_with, knn_with, NeighborsScratch};
@@ -64,7 +64,13 @@ impl Engine {
     }
 
     /// NMS over one frame's boxes (same checks and keep list on both backends).
-    pub(super) fn nms(&mut self, boxes: &[Box3d], scores: &[f32], classes: &[i32], params: &NmsParams) -> Result<NmsOutput, FrameError> {
+    pub(super) fn nms(
+        &mut self,
+        boxes: &[Box3d],
+        scores: &[f32],
+        classes: &[i32],
+        params: &NmsParams,
+    ) -> Result<NmsOutput, FrameError> {
         match self {
             Engine::Cpu => Ok(nms(boxes, scores, classes, params)?),
             Engine::Cuda(e) => {
@@ -76,7 +82,12 @@ impl Engine {
         }
     }
 
-    pub(super) fn run(&mut self, cfg: &PipelineConfig, msg: &PointCloud2<'_>, t: &mut Timings) -> Result<StageResults, FrameError> {
+    pub(super) fn run(
+        &mut self,
+        cfg: &PipelineConfig,
+        msg: &PointCloud2<'_>,
+        t: &mut Timings,
+    ) -> Result<StageResults, FrameError> {
         match self {
             Engine::Cpu => run_cpu(cfg, msg, t),
             Engine::Cuda(e) => e.run(cfg, msg, t).map_err(FrameError::Gpu),
@@ -98,8 +109,10 @@ fn run_cpu(cfg: &PipelineConfig, msg: &PointCloud2<'_>, t: &mut Timings) -> Resu
     } else {
         None
     };
-    let downsampled =
-        cfg.downsample.enabled.then(|| timed(t, "downsample", || voxel_grid_downsample(cloud, &cfg.downsample.grid)).cloud);
+    let downsampled = cfg
+        .downsample
+        .enabled
+        .then(|| timed(t, "downsample", || voxel_grid_downsample(cloud, &cfg.downsample.grid)).cloud);
     let samples = match cfg.fps.enabled {
         true => Some(timed(t, "fps", || farthest_point_sample(cloud, &cfg.fps.params))?),
         false => None,
@@ -132,7 +145,8 @@ impl CudaEngine {
         let cloud = timed(t, "download", || dev.to_host())?;
         let input = Gathered { cloud, dropped_non_finite: dev.dropped_non_finite };
         let voxels = if cfg.voxelize.enabled {
-            let chans = Cloud::channel_indices(&dev.names, &cfg.features).map_err(|f| GpuError::Unsupported(format!("cloud has no channel '{f}' listed in `features`")))?;
+            let chans = Cloud::channel_indices(&dev.names, &cfg.features)
+                .map_err(|f| GpuError::Unsupported(format!("cloud has no channel '{f}' listed in `features`")))?;
             let v = &mut self.voxelizer;
             Some(timed(t, "voxelize", || -> Result<_, GpuError> {
                 Ok(match cfg.voxelize.mode {
@@ -161,7 +175,9 @@ impl CudaEngine {
         };
         let fps = &mut self.fps;
         let samples = match cfg.fps.enabled {
-            true => Some(timed(t, "fps", || farthest_point_sample_with(ctx, fps, DeviceXyz::from(&dev), &cfg.fps.params))?),
+            true => {
+                Some(timed(t, "fps", || farthest_point_sample_with(ctx, fps, DeviceXyz::from(&dev), &cfg.fps.params))?)
+            }
             false => None,
         };
         let neighborhoods = match (&samples, cfg.neighbors.enabled) {

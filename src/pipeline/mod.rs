@@ -249,7 +249,10 @@ impl FrameOutput {
             out.push((DOWNSAMPLED_TOPIC, outputs::points_message(h, d, &self.layout)));
         }
         if let Some(s) = &self.samples {
-            out.push((SAMPLES_TOPIC, outputs::points_message(h, &cloud.select(&valid_indices(&s.indices)), &self.layout)));
+            out.push((
+                SAMPLES_TOPIC,
+                outputs::points_message(h, &cloud.select(&valid_indices(&s.indices)), &self.layout),
+            ));
         }
         if let Some(n) = &self.neighborhoods {
             out.push((NEIGHBORHOODS_TOPIC, outputs::neighborhoods_message(h, cloud, &n.indices, n.width)));

@@ -23,7 +23,12 @@ fn layout(fields: &[(&str, Datatype)]) -> PointLayout {
 
 /// One point per voxel: centroid x, y, z, mean intensity (when the features have one), the number of
 /// points and the voxel's grid coordinates.
-pub fn voxels_message(header: &Header, centroids: &Cloud, num_points: &[u32], coords_zyx: &[[i32; 3]]) -> PointCloud2<'static> {
+pub fn voxels_message(
+    header: &Header,
+    centroids: &Cloud,
+    num_points: &[u32],
+    coords_zyx: &[[i32; 3]],
+) -> PointCloud2<'static> {
     use Datatype::*;
     let mut fields = vec![("x", Float32), ("y", Float32), ("z", Float32)];
     let mut cloud = Cloud::from_xyz(centroids.x().to_vec(), centroids.y().to_vec(), centroids.z().to_vec());
@@ -50,9 +55,8 @@ pub fn points_message(header: &Header, cloud: &Cloud, input_layout: &PointLayout
 /// coordinates, so the message is not dense.
 pub fn neighborhoods_message(header: &Header, points: &Cloud, indices: &[i32], width: usize) -> PointCloud2<'static> {
     use Datatype::*;
-    let pick = |col: &[f32]| -> Vec<f32> {
-        indices.iter().map(|&i| if i < 0 { f32::NAN } else { col[i as usize] }).collect()
-    };
+    let pick =
+        |col: &[f32]| -> Vec<f32> { indices.iter().map(|&i| if i < 0 { f32::NAN } else { col[i as usize] }).collect() };
     let cloud = Cloud::from_xyz(pick(points.x()), pick(points.y()), pick(points.z()))
         .with_channel("index", indices.iter().map(|&i| i as f32).collect());
     let layout = layout(&[("x", Float32), ("y", Float32), ("z", Float32), ("index", Int32)]);
@@ -115,7 +119,14 @@ pub const MARKER_DELETEALL: i32 = 3;
 /// One visualization_msgs/msg/Marker (ROS 2 Humble/Jazzy definition) into `w`.
 #[allow(clippy::too_many_arguments)]
 fn write_marker(
-    w: &mut CdrWriter, header: &Header, ns: &str, id: i32, kind: i32, action: i32, pose: [f64; 7], scale: [f64; 3],
+    w: &mut CdrWriter,
+    header: &Header,
+    ns: &str,
+    id: i32,
+    kind: i32,
+    action: i32,
+    pose: [f64; 7],
+    scale: [f64; 3],
     color: [f32; 4],
 ) {
     header.write(w);
@@ -153,7 +164,17 @@ fn write_marker(
 pub fn markers_cdr(header: &Header, boxes: &[Box3d], labels: &[i32], ns: &str) -> Vec<u8> {
     let mut w = CdrWriter::new();
     w.u32(boxes.len() as u32 + 1);
-    write_marker(&mut w, header, ns, 0, MARKER_CUBE, MARKER_DELETEALL, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], [0.0; 3], [0.0; 4]);
+    write_marker(
+        &mut w,
+        header,
+        ns,
+        0,
+        MARKER_CUBE,
+        MARKER_DELETEALL,
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        [0.0; 3],
+        [0.0; 4],
+    );
     for (i, b) in boxes.iter().enumerate() {
         let half = b.yaw as f64 * 0.5;
         let pose = [b.x as f64, b.y as f64, b.z as f64, 0.0, 0.0, half.sin(), half.cos()];

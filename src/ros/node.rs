@@ -132,7 +132,10 @@ fn diagnostic_values(stats: &NodeStats, queue: &LatestQueue<Frame>, input_qos: &
         ("publish_errors".into(), stats.publish_errors.load(Ordering::Relaxed).to_string()),
         ("points_in".into(), stats.points_in.load(Ordering::Relaxed).to_string()),
         ("process_ms_last".into(), format!("{:.3}", d.process_ms_last)),
-        ("process_ms_mean".into(), format!("{:.3}", if processed > 0 { d.process_ms_sum / processed as f64 } else { 0.0 })),
+        (
+            "process_ms_mean".into(),
+            format!("{:.3}", if processed > 0 { d.process_ms_sum / processed as f64 } else { 0.0 }),
+        ),
         ("process_ms_max".into(), format!("{:.3}", d.process_ms_max)),
         ("input_qos".into(), input_qos.to_string()),
     ]);
@@ -181,7 +184,12 @@ pub fn list_params<S: Stage>(stage: &S, markdown: bool) -> String {
             ));
         } else {
             let ro = if s.read_only { "read_only" } else { "-" };
-            out.push_str(&format!("{}\t{}\t{default}\t{range}\t{ro}\t{}\n", s.name, s.default.type_name(), s.description));
+            out.push_str(&format!(
+                "{}\t{}\t{default}\t{range}\t{ro}\t{}\n",
+                s.name,
+                s.default.type_name(),
+                s.description
+            ));
         }
     }
     out
@@ -230,7 +238,8 @@ pub fn run_node<S: Stage>(stage: S) -> anyhow::Result<()> {
 
 async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
     let ctx = r2r::Context::create().map_err(|e| anyhow!("rcl init failed: {e} (is HOME or ROS_LOG_DIR set?)"))?;
-    let mut node = r2r::Node::create(ctx, stage.name(), "").map_err(|e| anyhow!("creating node '{}': {e}", stage.name()))?;
+    let mut node =
+        r2r::Node::create(ctx, stage.name(), "").map_err(|e| anyhow!("creating node '{}': {e}", stage.name()))?;
     let logger = node.logger().to_string();
     let fqn = node.fully_qualified_name().unwrap_or_else(|_| stage.name().to_string());
 
@@ -327,7 +336,8 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
     // Diagnostics.
     {
         let (queue, stats, fqn) = (queue.clone(), stats.clone(), fqn.clone());
-        let period = Duration::from_secs_f64(table.lock().unwrap().snapshot().double("diagnostics_period").unwrap_or(1.0));
+        let period =
+            Duration::from_secs_f64(table.lock().unwrap().snapshot().double("diagnostics_period").unwrap_or(1.0));
         let name = format!("{fqn}: lidar_kernels");
         tokio::spawn(async move {
             use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
@@ -339,7 +349,14 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
                 let malformed = stats.malformed.load(Ordering::Relaxed);
                 let errors = stats.stage_errors.load(Ordering::Relaxed) + stats.publish_errors.load(Ordering::Relaxed);
                 let (level, message) = if malformed > last_malformed || errors > last_errors {
-                    (1u8, format!("{} malformed clouds, {} errors in the last period", malformed - last_malformed, errors - last_errors))
+                    (
+                        1u8,
+                        format!(
+                            "{} malformed clouds, {} errors in the last period",
+                            malformed - last_malformed,
+                            errors - last_errors
+                        ),
+                    )
                 } else {
                     (0u8, "ok".to_string())
                 };
@@ -350,7 +367,10 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
                     .map(|(key, value)| KeyValue { key, value })
                     .collect();
                 let msg = DiagnosticArray {
-                    header: r2r::std_msgs::msg::Header { stamp: r2r::Clock::to_builtin_time(&now), frame_id: String::new() },
+                    header: r2r::std_msgs::msg::Header {
+                        stamp: r2r::Clock::to_builtin_time(&now),
+                        frame_id: String::new(),
+                    },
                     status: vec![DiagnosticStatus {
                         level,
                         name: name.clone(),
@@ -401,8 +421,13 @@ async fn wait_for_shutdown_signal() {
 }
 
 fn process_loop<S: Stage>(
-    mut stage: S, queue: Arc<LatestQueue<Frame>>, stats: Arc<NodeStats>, table: Arc<Mutex<ParamTable>>,
-    publishers: HashMap<String, r2r::PublisherUntyped>, logger: String, mut params: Params,
+    mut stage: S,
+    queue: Arc<LatestQueue<Frame>>,
+    stats: Arc<NodeStats>,
+    table: Arc<Mutex<ParamTable>>,
+    publishers: HashMap<String, r2r::PublisherUntyped>,
+    logger: String,
+    mut params: Params,
 ) {
     let log_period = |p: &Params| Duration::from_secs_f64(p.double("malformed_log_period").unwrap_or(5.0));
     let mut malformed_log = RateLimiter::new(log_period(&params));
@@ -424,7 +449,10 @@ fn process_loop<S: Stage>(
             malformed_log = RateLimiter::new(log_period(&new));
             error_log = RateLimiter::new(log_period(&new));
             if let Err(e) = stage.configure(&new) {
-                r2r::log_error!(&logger, "new parameters rejected by the stage, keeping the previous configuration: {e:#}");
+                r2r::log_error!(
+                    &logger,
+                    "new parameters rejected by the stage, keeping the previous configuration: {e:#}"
+                );
             }
             stats.detail().stage_stats = stage.stats();
             params = new;

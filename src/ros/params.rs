@@ -107,7 +107,10 @@ impl ParamTable {
 
 impl RosParams for ParamTable {
     fn register_parameters(
-        &mut self, prefix: &str, _param: Option<Parameter>, params: &mut IndexMap<String, Parameter>,
+        &mut self,
+        prefix: &str,
+        _param: Option<Parameter>,
+        params: &mut IndexMap<String, Parameter>,
     ) -> r2r::Result<()> {
         let sep = if prefix.is_empty() { "" } else { "." };
         for i in 0..self.specs.len() {

@@ -26,7 +26,8 @@ use crate::cloud::{gather, POINTCLOUD2_TYPE};
 use crate::gpu::{BackendKind, ProfileChoice};
 use crate::pipeline::outputs::{boxes_from_cloud, markers_cdr, MARKER_ARRAY_TYPE};
 use crate::pipeline::{
-    ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
+    ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC,
+    VOXELS_TOPIC,
 };
 
 /// Which node: which stages it runs, which parameters it declares, which topics it publishes.
@@ -45,7 +46,8 @@ pub const MARKERS_TOPIC: &str = "markers";
 pub const MARKER_NS: &str = "lidar_kernels_boxes";
 
 impl NodeKind {
-    pub const ALL: [NodeKind; 5] = [NodeKind::Pipeline, NodeKind::Voxelizer, NodeKind::Sampler, NodeKind::Neighbors, NodeKind::Nms];
+    pub const ALL: [NodeKind; 5] =
+        [NodeKind::Pipeline, NodeKind::Voxelizer, NodeKind::Sampler, NodeKind::Neighbors, NodeKind::Nms];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -260,7 +262,9 @@ fn key_params(kind: NodeKind) -> Vec<KeyParam> {
     all.into_iter()
         .filter(|(key, _)| {
             let section = key.split('.').next().unwrap_or("");
-            kind.sections().contains(&section) && !forced.contains(&key.as_str()) && !NOT_PARAMETERS.contains(&key.as_str())
+            kind.sections().contains(&section)
+                && !forced.contains(&key.as_str())
+                && !NOT_PARAMETERS.contains(&key.as_str())
         })
         .filter_map(|(key, v)| {
             let default = match (key.as_str(), to_param(&v)?) {
@@ -330,12 +334,18 @@ impl PipelineStage {
             let tree = if file.is_empty() {
                 Value::Mapping(Default::default())
             } else {
-                let text = std::fs::read_to_string(&file).with_context(|| format!("parameter 'config_file': cannot read '{file}'"))?;
-                let tree: Value = serde_yaml::from_str(&text).map_err(|e| anyhow!("parameter 'config_file' = '{file}': {e}"))?;
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("parameter 'config_file': cannot read '{file}'"))?;
+                let tree: Value =
+                    serde_yaml::from_str(&text).map_err(|e| anyhow!("parameter 'config_file' = '{file}': {e}"))?;
                 if !(tree.is_mapping() || tree.is_null()) {
                     bail!("parameter 'config_file' = '{file}': not a YAML mapping");
                 }
-                if tree.is_null() { Value::Mapping(Default::default()) } else { tree }
+                if tree.is_null() {
+                    Value::Mapping(Default::default())
+                } else {
+                    tree
+                }
             };
             // Start from the defaults so that a section the file leaves out (or gives in part) is
             // complete once a switch or a parameter is written into it.
@@ -369,12 +379,9 @@ impl PipelineStage {
         let text = serde_yaml::to_string(&tree).context("configuration tree")?;
         let cfg = PipelineConfig::from_yaml(&text, &label).map_err(|e| match e {
             // Name the parameter as it is declared: `neighbors.ball_query.min_radius`.
-            ConfigError::Invalid { section, source, .. } => anyhow!(
-                "parameter '{section}.{}' = {}: must be {} ({label})",
-                source.key,
-                source.value,
-                source.allowed
-            ),
+            ConfigError::Invalid { section, source, .. } => {
+                anyhow!("parameter '{section}.{}' = {}: must be {} ({label})", source.key, source.value, source.allowed)
+            }
             e => anyhow!("{e}"),
         })?;
         if cfg.neighbors.enabled && !cfg.fps.enabled {
@@ -467,7 +474,9 @@ impl Stage for PipelineStage {
             .filter_map(|(key, v)| {
                 let k = self.keys.iter().find(|k| k.spec.name == key)?;
                 let p = match (to_param(&v)?, &k.spec.default) {
-                    (ParamValue::DoubleArray(a), ParamValue::StringArray(_)) if a.is_empty() => ParamValue::StringArray(vec![]),
+                    (ParamValue::DoubleArray(a), ParamValue::StringArray(_)) if a.is_empty() => {
+                        ParamValue::StringArray(vec![])
+                    }
                     (ParamValue::Int(i), ParamValue::Double(_)) => ParamValue::Double(i as f64),
                     (p, _) => p,
                 };
@@ -552,7 +561,12 @@ mod tests {
     #[test]
     fn marker_array_definition_is_complete() {
         let d = crate::bag::msgdefs::full_definition(MARKER_ARRAY_TYPE).unwrap();
-        for t in ["MSG: visualization_msgs/Marker", "MSG: geometry_msgs/Pose", "MSG: sensor_msgs/CompressedImage", "MSG: visualization_msgs/MeshFile"] {
+        for t in [
+            "MSG: visualization_msgs/Marker",
+            "MSG: geometry_msgs/Pose",
+            "MSG: sensor_msgs/CompressedImage",
+            "MSG: visualization_msgs/MeshFile",
+        ] {
             assert!(d.contains(t), "{t}");
         }
     }
@@ -561,8 +575,17 @@ mod tests {
     fn every_node_declares_its_keys() {
         let s = PipelineStage::new(NodeKind::Pipeline);
         let names: Vec<String> = s.params().into_iter().map(|p| p.name).collect();
-        for n in ["backend", "target", "config_file", "features", "voxelize.max_voxels", "voxelize.voxel_size", "fps.enabled",
-            "neighbors.ball_query.radius", "neighbors.knn.k"] {
+        for n in [
+            "backend",
+            "target",
+            "config_file",
+            "features",
+            "voxelize.max_voxels",
+            "voxelize.voxel_size",
+            "fps.enabled",
+            "neighbors.ball_query.radius",
+            "neighbors.knn.k",
+        ] {
             assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
         }
         assert!(!names.iter().any(|x| x.starts_with("nms.")));
@@ -579,7 +602,10 @@ mod tests {
         let file = dir.join("p.yaml");
         std::fs::write(&file, "fps:\n  num_samples: 100\nvoxelize:\n  max_voxels: 7\n").unwrap();
         let mut s = PipelineStage::new(NodeKind::Sampler);
-        let p = params(&s, &[("config_file", ParamValue::Str(file.display().to_string())), ("fps.start_index", ParamValue::Int(3))]);
+        let p = params(
+            &s,
+            &[("config_file", ParamValue::Str(file.display().to_string())), ("fps.start_index", ParamValue::Int(3))],
+        );
         let cfg = s.build_config(&p).unwrap();
         assert_eq!((cfg.fps.params.num_samples, cfg.fps.params.start_index), (100, 3));
         assert_eq!(cfg.voxelize.params.max_voxels, 7);

@@ -97,12 +97,7 @@ impl ParamSpec {
             (ParamValue::StringArray(_), ParamValue::DoubleArray(a)) if a.is_empty() => ParamValue::StringArray(vec![]),
             (d, v) if std::mem::discriminant(d) == std::mem::discriminant(v) => v.clone(),
             (d, v) => {
-                return Err(format!(
-                    "parameter '{}' is a {}, got a {} ({v})",
-                    self.name,
-                    d.type_name(),
-                    v.type_name()
-                ))
+                return Err(format!("parameter '{}' is a {}, got a {} ({v})", self.name, d.type_name(), v.type_name()))
             }
         };
         if let Some((lo, hi)) = self.range {
@@ -263,7 +258,9 @@ pub fn error_kind(e: &CloudError) -> &'static str {
         CloudError::FieldPastPointStep { .. } => "field_past_point_step",
         CloudError::UnknownDatatype { .. } | CloudError::ZeroCount { .. } => "bad_field",
         CloudError::DataTooShort { .. } => "data_too_short",
-        CloudError::ZeroPointStep { .. } | CloudError::RowStepTooSmall { .. } | CloudError::Overflow { .. } => "bad_size",
+        CloudError::ZeroPointStep { .. } | CloudError::RowStepTooSmall { .. } | CloudError::Overflow { .. } => {
+            "bad_size"
+        }
         #[allow(unreachable_patterns)]
         _ => "other",
     }
@@ -285,7 +282,14 @@ impl RelayStage {
     pub const OUTPUT: &'static str = "~/points";
 
     pub fn new(name: &str) -> Self {
-        Self { name: name.into(), frames: 0, points_in: 0, points_out: 0, dropped_non_finite: 0, delay: Default::default() }
+        Self {
+            name: name.into(),
+            frames: 0,
+            points_in: 0,
+            points_out: 0,
+            dropped_non_finite: 0,
+            delay: Default::default(),
+        }
     }
 }
 
