@@ -30,6 +30,15 @@ pub const SAMPLE_FRAME_ID: &str = "os_sensor";
 /// Name of the bag folder [`write_sample_bag`] creates.
 pub const SAMPLE_BAG_NAME: &str = "ouster_sample";
 /// The scans of the sample, in message order: three consecutive OS-1-128 scans, then one OS-1-32
+/// Every shipped Ouster scan in `data/ouster`, by file name.
+pub const OUSTER_SCANS: [&str; 6] = [
+    "os1-128_scan0.bin",
+    "os1-128_scan1.bin",
+    "os1-128_scan2.bin",
+    "os0-128_scan0.bin",
+    "os2-128_scan0.bin",
+    "os1-32_scan0.bin",
+];
 /// scan (a different sensor, so the point count changes on the last message).
 pub const SAMPLE_SCANS: [&str; 4] = ["os1-128_scan0.bin", "os1-128_scan1.bin", "os1-128_scan2.bin", "os1-32_scan0.bin"];
 /// Header stamp (and log time) of the first sample message; the next ones follow at 10 Hz.

@@ -249,6 +249,17 @@ impl Cloud {
         )
     }
 
+    /// A cloud from row-major values `[n, stride]` (per-voxel means, for instance): column `k` of
+    /// each row is channel `k`, named `names[k]` (x, y, z first; only `names.len()` columns are used).
+    pub fn from_row_major(values: &[f32], stride: usize, names: &[String]) -> Cloud {
+        let column = |k: usize| -> Vec<f32> { values.iter().skip(k).step_by(stride).copied().collect() };
+        let mut cloud = Cloud::from_xyz(column(0), column(1), column(2));
+        for (k, name) in names.iter().enumerate().skip(3).take(stride.saturating_sub(3)) {
+            cloud = cloud.with_channel(name, column(k));
+        }
+        cloud
+    }
+
     /// Adds a channel; panics when its length differs from the cloud's (a programming error).
     pub fn with_channel(mut self, name: &str, values: Vec<f32>) -> Self {
         assert_eq!(values.len(), self.len(), "channel '{name}' length");

@@ -4,21 +4,11 @@
 use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
 use super::smoke::{big_message, compare_with_cpu, exotic_message};
 use super::{fps, neighbors, nms, voxel, GpuContext, GpuError, GpuOptions, ProfileChoice};
-use crate::bag::sample::{load_ouster_bin, ouster_cloud_message};
+use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
 use crate::pipeline::{Engine, Pipeline, PipelineConfig};
 use std::path::Path;
 use std::time::Instant;
-
-/// The shipped Ouster scans, by file name.
-const SCANS: [&str; 6] = [
-    "os1-128_scan0.bin",
-    "os1-128_scan1.bin",
-    "os1-128_scan2.bin",
-    "os0-128_scan0.bin",
-    "os2-128_scan0.bin",
-    "os1-32_scan0.bin",
-];
 
 fn gather_row(ctx: &GpuContext, case: &str, msg: &PointCloud2<'_>) -> Result<CheckRow, GpuError> {
     // Two runs that each equal the CPU bit for bit are also equal to each other.

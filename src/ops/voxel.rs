@@ -491,13 +491,8 @@ impl Downsampled {
     /// names of channels `3..C` are used, extra names are ignored). Shared by
     /// [`voxel_grid_downsample`] and the GPU path (`gpu::voxel`), which builds `dv` on the device.
     pub fn from_dynamic(dv: &DynamicVoxels, names: &[String]) -> Downsampled {
-        let c = dv.num_channels;
-        let column = |k: usize| -> Vec<f32> { dv.means.iter().skip(k).step_by(c).copied().collect() };
-        let mut out = Cloud::from_xyz(column(0), column(1), column(2));
-        for (k, name) in names.iter().enumerate().skip(3).take(c.saturating_sub(3)) {
-            out = out.with_channel(name, column(k));
-        }
-        Downsampled { cloud: out, dropped_out_of_range: dv.dropped_out_of_range }
+        let cloud = Cloud::from_row_major(&dv.means, dv.num_channels, names);
+        Downsampled { cloud, dropped_out_of_range: dv.dropped_out_of_range }
     }
 }
 

@@ -94,8 +94,8 @@ impl Voxels {
     /// Per-voxel centroid of every feature channel: hard voxels average their valid slots (sum in
     /// f64, slot order), dynamic voxels already carry the means.
     pub fn centroids(&self, names: &[String]) -> Cloud {
-        let (c, means): (usize, Vec<f32>) = match self {
-            Voxels::Dynamic(v) => (names.len(), v.means.clone()),
+        match self {
+            Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
             Voxels::Hard(v) => {
                 let (c, p) = (v.num_channels, v.max_points);
                 let mut means = Vec::with_capacity(v.num_points.len() * c);
@@ -105,15 +105,9 @@ impl Voxels {
                         means.push((sum / n.max(1) as f64) as f32);
                     }
                 }
-                (c, means)
+                Cloud::from_row_major(&means, c, names)
             }
-        };
-        let column = |k: usize| means.iter().skip(k).step_by(c).copied().collect::<Vec<f32>>();
-        let mut cloud = Cloud::from_xyz(column(0), column(1), column(2));
-        for (k, name) in names.iter().enumerate().skip(3) {
-            cloud = cloud.with_channel(name, column(k));
         }
-        cloud
     }
 
     pub fn num_points(&self) -> &[u32] {

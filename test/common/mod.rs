@@ -9,15 +9,7 @@ pub fn ouster_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/ouster")
 }
 
-/// Names of the shipped Ouster scans.
-pub const OUSTER_SCANS: [&str; 6] = [
-    "os1-128_scan0.bin",
-    "os1-128_scan1.bin",
-    "os1-128_scan2.bin",
-    "os0-128_scan0.bin",
-    "os2-128_scan0.bin",
-    "os1-32_scan0.bin",
-];
+pub use lidar_kernels::bag::sample::OUSTER_SCANS;
 
 /// Loads an Ouster scan as a cloud with channels x, y, z, reflectivity, ring, t.
 pub fn load_ouster(name: &str) -> Cloud {
