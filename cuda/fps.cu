@@ -1,4 +1,4 @@
-// Farthest point sampling (FPS), exact: the same selection as the CPU reference src/ops/fps.rs.
+// Farthest point sampling (FPS), exact: the same selection as the CPU reference src/ops/fps/mod.rs.
 //
 // dist2 = (dx*dx + dy*dy) + dz*dz in f32, each operation rounded (no FMA: explicit __f*_rn and
 // --fmad=false); min_dist update `d < m`; selected points hold -1; arg-max of min_dist with ties to
@@ -23,6 +23,8 @@
 //
 // Compile-time constants: FPS_BLOCK (threads per block, multiple of 32, <= 1024).
 
+#include "common.cuh"
+
 #ifndef FPS_BLOCK
 #define FPS_BLOCK 1024
 #endif
@@ -31,9 +33,7 @@
 #endif
 #define FPS_WARPS (FPS_BLOCK / 32)
 
-typedef unsigned long long u64;
-
-// Must match `FpsKernelParams` in src/gpu/fps.rs (repr(C)).
+// Must match `FpsKernelParams` in src/ops/fps/cuda.rs (repr(C), same size asserted there).
 struct FpsKernelParams {
     unsigned long long stride; // column stride of xyz, in floats (y = xyz + stride, z = xyz + 2 stride)
     unsigned int num_clouds;
@@ -43,13 +43,7 @@ struct FpsKernelParams {
     unsigned int chunk;        // points per block (memory path; register path: FPS_BLOCK * PPT)
     unsigned int pad_;
 };
-
-__device__ __forceinline__ float fps_dist2(float ax, float ay, float az, float bx, float by, float bz) {
-    const float dx = __fsub_rn(ax, bx);
-    const float dy = __fsub_rn(ay, by);
-    const float dz = __fsub_rn(az, bz);
-    return __fadd_rn(__fadd_rn(__fmul_rn(dx, dx), __fmul_rn(dy, dy)), __fmul_rn(dz, dz));
-}
+static_assert(sizeof(FpsKernelParams) == 32, "FpsKernelParams: size differs from src/ops/fps/cuda.rs");
 
 // m is never NaN; selected points (m < 0) get key 0 (below every candidate).
 __device__ __forceinline__ u64 fps_key(float m, unsigned int i) {
@@ -131,7 +125,7 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
 #pragma unroll
             for (int s = 0; s < PPT; ++s) {
                 const unsigned int i = c0 + (unsigned int)s * FPS_BLOCK + tid;
-                const float d = fps_dist2(px[s], py[s], pz[s], sx, sy, sz);
+                const float d = lk_dist2(px[s], py[s], pz[s], sx, sy, sz);
                 float m = pm[s];
                 m = (i == last) ? -1.0f : (d < m ? d : m);
                 pm[s] = m;
@@ -146,7 +140,7 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
         } else {
             for (unsigned int i = c0 + tid; i < c1; i += FPS_BLOCK) {
                 const float x = X[i], y = Y[i], z = Z[i];
-                const float d = fps_dist2(x, y, z, sx, sy, sz);
+                const float d = lk_dist2(x, y, z, sx, sy, sz);
                 float m = step == 1 ? __int_as_float(0x7f800000) : M[i];
                 m = (i == last) ? -1.0f : (d < m ? d : m);
                 M[i] = m;
@@ -243,14 +237,16 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_
 //     lose), ties to the lowest lane (= lowest index); the winner lane writes (value, index);
 //     __syncthreads;
 //  3. warp 0 reduces the warps (ties to the lowest warp), reads the coordinates from shared memory
-//     and lane q < G stores (value, index, x, y, z) with plain st.shared::cluster into slot [rank]
-//     of block q (distributed shared memory; no remote atomics);
-//  4. cluster barrier (arrive.release / wait.acquire, .aligned: cluster-scope ordering of the
-//     DSMEM stores);
+//     and lane q < G stores (value, index, x, y, z) with st.async into slot [rank] of block q
+//     (distributed shared memory; no remote atomics), completing the transaction bytes of block
+//     q's mbarrier of this step's parity;
+//  4. each block waits on its own mbarrier for the G slot writes into its shared memory (no
+//     cluster barrier, no fence per iteration);
 //  5. every warp reduces the G slots of its own block (ties to the lowest rank = lowest index) and
 //     takes the winner: the next selected point; its owner thread sets its min distance to -1.
-// Slots are double-buffered by step parity: a block writes the slots of step s + 2 only after the
-// barrier of step s + 1, which every block reaches after reading the slots of step s.
+// Slots and mbarriers are double-buffered by step parity: a block writes the slots of step s + 2
+// only after its own wait of step s + 1, which needs every block's writes of step s + 1, which
+// each block issues after reading the slots of step s.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
 
 #define FPS_CL_MAX 16
@@ -270,15 +266,6 @@ __device__ __forceinline__ unsigned int cl_map(const void* local, unsigned int r
     unsigned int r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     return r;
-}
-
-__device__ __forceinline__ void cl_st_v4(unsigned int addr, int a, int b, int c, int d) {
-    asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cl_st_f32(unsigned int addr, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
 // st.async: store into a cluster block's shared memory and complete-tx its mbarrier (no fence).
@@ -313,10 +300,7 @@ __device__ __forceinline__ void mbar_wait(u64* bar, unsigned int parity) {
                  : "memory");
 }
 
-// ASYNC: exchange with st.async + one mbarrier per slot buffer (each block waits only for the G
-// slot writes into its own shared memory; no cluster barrier, no fence per iteration); otherwise
-// st.shared::cluster + cluster barrier (release/acquire: a GPU-scope fence per iteration).
-template <int PPT, bool ASYNC>
+template <int PPT>
 __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, const unsigned int* __restrict__ offsets,
                                                  int* __restrict__ out, const FpsKernelParams& p) {
     constexpr unsigned int CHUNK = (unsigned int)(FPS_BLOCK * PPT);
@@ -380,7 +364,7 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
                 if ((unsigned int)s == ss) pm[s] = -1.0f;
         }
     }
-    if (ASYNC && tid == 0) {
+    if (tid == 0) {
         mbar_init(&s_mbar[0], 1u);
         mbar_init(&s_mbar[1], 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -391,12 +375,12 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
     for (unsigned int step = 1; step < steps; ++step) {
         const unsigned int buf = step & 1u;
         // This block's own arrival on this step's mbarrier, expecting G slot writes (20 bytes each).
-        if (ASYNC && tid == 0) mbar_arrive_expect_tx(&s_mbar[buf], G * 20u);
+        if (tid == 0) mbar_arrive_expect_tx(&s_mbar[buf], G * 20u);
         float bm = -1.0f;
         unsigned int bs = 0u;
 #pragma unroll
         for (int s = 0; s < PPT; ++s) {
-            const float d = fps_dist2(px[s], py[s], pz[s], sx, sy, sz);
+            const float d = lk_dist2(px[s], py[s], pz[s], sx, sy, sz);
             const float m = fminf(d, pm[s]);
             pm[s] = m;
             if (m > bm) {
@@ -420,22 +404,13 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
             const unsigned int bi = s_wi[buf][__ffs(bt) - 1];
             const float4 c = s_pts[bi - c0];
             if (lane < G) {
-                if (ASYNC) {
-                    const unsigned int mb = cl_map(&s_mbar[buf], lane);
-                    cl_st_async_v4(cl_map(&s_slot[buf][rank], lane), bv, (int)bi, __float_as_int(c.x), __float_as_int(c.y), mb);
-                    cl_st_async_b32(cl_map(&s_slot_z[buf][rank], lane), __float_as_int(c.z), mb);
-                } else {
-                    cl_st_v4(cl_map(&s_slot[buf][rank], lane), bv, (int)bi, __float_as_int(c.x), __float_as_int(c.y));
-                    cl_st_f32(cl_map(&s_slot_z[buf][rank], lane), c.z);
-                }
+                const unsigned int mb = cl_map(&s_mbar[buf], lane);
+                cl_st_async_v4(cl_map(&s_slot[buf][rank], lane), bv, (int)bi, __float_as_int(c.x), __float_as_int(c.y), mb);
+                cl_st_async_b32(cl_map(&s_slot_z[buf][rank], lane), __float_as_int(c.z), mb);
             }
         }
-        if (ASYNC) {
-            mbar_wait(&s_mbar[buf], (phase >> buf) & 1u);
-            phase ^= 1u << buf;
-        } else {
-            cl_sync();
-        }
+        mbar_wait(&s_mbar[buf], (phase >> buf) & 1u);
+        phase ^= 1u << buf;
         // Cluster arg-max over the G slots: value, then lowest rank.
         const int v3 = lane < G ? s_slot[buf][lane].x : (int)0x80000000;
         const int gv = __reduce_max_sync(0xffffffffu, v3);
@@ -463,10 +438,7 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
         const FpsKernelParams p
 #define FPS_CL(PPT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(FPS_BLOCK, 1) fps_cl_##PPT(FPS_CL_ARGS) {                \
-        fps_cluster_body<PPT, true>(xyz, offsets, out, p);                                              \
-    }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(FPS_BLOCK, 1) fps_clb_##PPT(FPS_CL_ARGS) {               \
-        fps_cluster_body<PPT, false>(xyz, offsets, out, p);                                             \
+        fps_cluster_body<PPT>(xyz, offsets, out, p);                                                    \
     }
 FPS_CL(1)
 FPS_CL(2)

@@ -16,6 +16,8 @@
 //   GATHER_BLOCK  threads per block (multiple of 32, <= 1024)
 //   GATHER_ITEMS  consecutive points per thread
 
+#include "common.cuh"
+
 #ifndef GATHER_BLOCK
 #define GATHER_BLOCK 256
 #endif
@@ -38,7 +40,7 @@
 #define STATUS_AGGREGATE 1ull
 #define STATUS_PREFIX 2ull
 
-// Must match `GatherParams` in src/gpu/gather.rs (repr(C), all u32).
+// Must match `GatherParams` in src/gpu/gather.rs (repr(C), all u32; same size asserted there).
 struct GatherParams {
     unsigned int num_channels;
     unsigned int point_step;
@@ -51,6 +53,7 @@ struct GatherParams {
     unsigned int offset[GATHER_MAX_CHANNELS];
     unsigned int datatype[GATHER_MAX_CHANNELS]; // sensor_msgs/PointField datatype 1..=8
 };
+static_assert(sizeof(GatherParams) == 288, "GatherParams: size differs from src/gpu/gather.rs");
 
 __device__ __forceinline__ unsigned int dt_size(unsigned int dt) {
     return dt <= 2u ? 1u : (dt <= 4u ? 2u : (dt <= 7u ? 4u : 8u));
@@ -102,10 +105,6 @@ __device__ __forceinline__ const unsigned char* point_ptr(const unsigned char* d
     return data + (unsigned long long)row * p.row_step + (unsigned long long)col * p.point_step;
 }
 
-__device__ __forceinline__ bool finite_f32(float v) {
-    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
-}
-
 __device__ __forceinline__ unsigned long long status_load(unsigned long long* s) {
     return atomicOr(s, 0ull); // coherent L2 read
 }
@@ -139,7 +138,7 @@ gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
         if (idx < p.n) {
             const unsigned char* pt = point_ptr(data, p, (unsigned int)idx);
             const float x = load_field(pt, p, 0), y = load_field(pt, p, 1), z = load_field(pt, p, 2);
-            if (finite_f32(x) && finite_f32(y) && finite_f32(z)) {
+            if (lk_finite3(x, y, z)) {
                 flags |= 1u << k;
                 ++count;
             }
@@ -147,28 +146,8 @@ gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
     }
 
     // 2. Block-wide exclusive scan of the counts (warp shuffles, then the warp totals).
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int warp = threadIdx.x >> 5;
-    unsigned int incl = count;
-#pragma unroll
-    for (unsigned int o = 1; o < 32; o <<= 1) {
-        const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-    }
-    if (lane == 31u) s_warp[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        unsigned int w = lane < GATHER_WARPS ? s_warp[lane] : 0u;
-#pragma unroll
-        for (unsigned int o = 1; o < 32; o <<= 1) {
-            const unsigned int v = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += v;
-        }
-        if (lane < GATHER_WARPS) s_warp[lane] = w;
-    }
-    __syncthreads();
-    const unsigned int thread_excl = (warp > 0 ? s_warp[warp - 1] : 0u) + incl - count;
-    const unsigned int tile_total = s_warp[GATHER_WARPS - 1];
+    unsigned int tile_total;
+    const unsigned int thread_excl = lk_block_excl_scan<GATHER_WARPS>(count, s_warp, &tile_total);
 
     // 3. Decoupled look-back for the tile's exclusive prefix.
     if (threadIdx.x == 0) {
@@ -206,4 +185,18 @@ gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
             ++pos;
         }
     }
+}
+
+// The neighbour-search queries: x, y, z of the first m sampled points, in sample order, from the
+// gathered columns (stride = column capacity). The FPS indices are read where FPS wrote them, so
+// the samples never go through the host between the two stages.
+extern "C" __global__ void select_xyz(const float* __restrict__ cols, unsigned long long stride,
+                                      const int* __restrict__ idx, unsigned int m,
+                                      float* __restrict__ out) {
+    const unsigned int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= m) return;
+    const unsigned long long i = (unsigned long long)idx[q];
+    out[q] = cols[i];
+    out[m + q] = cols[stride + i];
+    out[2ull * m + q] = cols[2ull * stride + i];
 }

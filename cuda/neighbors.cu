@@ -1,5 +1,5 @@
 // Exact neighbour search on a uniform cell grid built on the device: k nearest neighbours (knn_*)
-// and ball query (ball_*), reproducing src/ops/neighbors.rs bit for bit.
+// and ball query (ball_*), reproducing src/ops/neighbors/mod.rs bit for bit.
 //
 // Grid build (no host round trip; the host sizes buffers for the worst-case cell count):
 //   grid_bbox     bounding box of the valid (finite) points + their count (atomics on ordered bits)
@@ -19,6 +19,8 @@
 //
 // Compile-time constants: NEIGHBORS_BLOCK (threads per block for every kernel here).
 
+#include "common.cuh"
+
 #ifndef NEIGHBORS_BLOCK
 #define NEIGHBORS_BLOCK 256
 #endif
@@ -29,12 +31,11 @@
 #define SCAN_ITEMS 8
 #define SCAN_TILE (NEIGHBORS_BLOCK * SCAN_ITEMS)
 
-typedef unsigned long long u64;
-
 #define INVALID_CELL 0xffffffffu
 #define KEY_NONE 0xffffffffffffffffull
 
-// Written by grid_setup; read by the later kernels. Must match GRID_PARAMS_WORDS in neighbors.rs.
+// Written by grid_setup; read by the later kernels. Its size is GRID_PARAMS_BYTES in
+// src/ops/neighbors/cuda.rs (the host allocates the buffer).
 struct GridParams {
     double origin[3];
     double h;
@@ -45,18 +46,7 @@ struct GridParams {
     unsigned int nvalid;
     unsigned int pad_;
 };
-
-__device__ __forceinline__ float nb_dist2(float ax, float ay, float az, float bx, float by, float bz) {
-    const float dx = __fsub_rn(ax, bx);
-    const float dy = __fsub_rn(ay, by);
-    const float dz = __fsub_rn(az, bz);
-    return __fadd_rn(__fadd_rn(__fmul_rn(dx, dx), __fmul_rn(dy, dy)), __fmul_rn(dz, dz));
-}
-
-__device__ __forceinline__ bool finite3(float x, float y, float z) {
-    return ((__float_as_uint(x) & 0x7f800000u) != 0x7f800000u) && ((__float_as_uint(y) & 0x7f800000u) != 0x7f800000u) &&
-           ((__float_as_uint(z) & 0x7f800000u) != 0x7f800000u);
-}
+static_assert(sizeof(GridParams) == 72, "GridParams: size differs from GRID_PARAMS_BYTES in src/ops/neighbors/cuda.rs");
 
 // Order-preserving map float -> u32 (finite values).
 __device__ __forceinline__ unsigned int ord_enc(float f) {
@@ -76,7 +66,7 @@ grid_bbox(const float* __restrict__ xyz, unsigned long long stride, unsigned int
     unsigned int cnt = 0;
     for (unsigned int i = blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x; i < n; i += gridDim.x * NEIGHBORS_BLOCK) {
         const float x = xyz[i], y = xyz[stride + i], z = xyz[2 * stride + i];
-        if (finite3(x, y, z)) {
+        if (lk_finite3(x, y, z)) {
             lo[0] = fminf(lo[0], x);
             lo[1] = fminf(lo[1], y);
             lo[2] = fminf(lo[2], z);
@@ -186,37 +176,11 @@ grid_count(const float* __restrict__ xyz, unsigned long long stride, unsigned in
     const GridParams g = *gp;
     const float x = xyz[i], y = xyz[stride + i], z = xyz[2 * stride + i];
     unsigned int c = INVALID_CELL;
-    if (finite3(x, y, z)) {
+    if (lk_finite3(x, y, z)) {
         c = cell_id(g, cell_coord(g, (double)x, 0), cell_coord(g, (double)y, 1), cell_coord(g, (double)z, 2));
         atomicAdd(&counts[c], 1u);
     }
     cell_of[i] = c;
-}
-
-__device__ __forceinline__ unsigned int block_excl_scan(unsigned int v, unsigned int* s_warp, unsigned int* total) {
-    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    unsigned int incl = v;
-#pragma unroll
-    for (unsigned int o = 1; o < 32; o <<= 1) {
-        const unsigned int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    if (lane == 31u) s_warp[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        unsigned int w = lane < NB_WARPS ? s_warp[lane] : 0u;
-#pragma unroll
-        for (unsigned int o = 1; o < 32; o <<= 1) {
-            const unsigned int t = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += t;
-        }
-        if (lane < NB_WARPS) s_warp[lane] = w;
-    }
-    __syncthreads();
-    const unsigned int r = (warp > 0 ? s_warp[warp - 1] : 0u) + incl - v;
-    *total = s_warp[NB_WARPS - 1];
-    __syncthreads();
-    return r;
 }
 
 // Sums of SCAN_TILE consecutive counts (cells 0 ..= ncells: the extra zero entry gives start[ncells]).
@@ -233,7 +197,7 @@ scan_tiles(const unsigned int* __restrict__ counts, const GridParams* __restrict
         if (c < len) v += counts[c];
     }
     unsigned int total;
-    block_excl_scan(v, s_warp, &total);
+    lk_block_excl_scan<NB_WARPS>(v, s_warp, &total);
     if (threadIdx.x == 0) tile_sums[blockIdx.x] = total;
 }
 
@@ -247,7 +211,7 @@ scan_top(unsigned int* tile_sums, const GridParams* __restrict__ gp) {
         const unsigned int t = base + threadIdx.x;
         const unsigned int v = t < ntiles ? tile_sums[t] : 0u;
         unsigned int total;
-        const unsigned int ex = block_excl_scan(v, s_warp, &total);
+        const unsigned int ex = lk_block_excl_scan<NB_WARPS>(v, s_warp, &total);
         if (t < ntiles) tile_sums[t] = carry + ex;
         carry += total;
     }
@@ -272,7 +236,7 @@ scan_apply(const unsigned int* __restrict__ counts, const GridParams* __restrict
         sum += v[j];
     }
     unsigned int total;
-    unsigned int run = tile_sums[blockIdx.x] + block_excl_scan(sum, s_warp, &total);
+    unsigned int run = tile_sums[blockIdx.x] + lk_block_excl_scan<NB_WARPS>(sum, s_warp, &total);
 #pragma unroll
     for (int j = 0; j < SCAN_ITEMS; ++j) {
         const unsigned int c = first + j;
@@ -303,7 +267,7 @@ __device__ __forceinline__ void serial_knn_run(L& best, const float4* __restrict
                                                float qx, float qy, float qz) {
     for (unsigned int pos = a; pos < b; ++pos) {
         const float4 p = sorted[pos];
-        const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+        const float d = lk_dist2(p.x, p.y, p.z, qx, qy, qz);
         const u64 key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
         if (key < best.kth) best.insert(key);
     }
@@ -313,7 +277,7 @@ __device__ __forceinline__ void serial_ball_run(L& best, const float4* __restric
                                                 float qx, float qy, float qz, float r2, float rmin2, unsigned int& found) {
     for (unsigned int pos = a; pos < b; ++pos) {
         const float4 p = sorted[pos];
-        const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+        const float d = lk_dist2(p.x, p.y, p.z, qx, qy, qz);
         if (rmin2 <= d && d < r2) {
             ++found;
             const u64 key = (u64)__float_as_uint(p.w);
@@ -430,25 +394,6 @@ struct WarpList {
         v = key < v ? ((lane == 0u || up < key) ? key : up) : v;
         kth = __shfl_sync(0xffffffffu, v, k - 1u);
     }
-    __device__ __forceinline__ void knn_run(const float4* __restrict__ sorted, unsigned int a, unsigned int b,
-                                            float qx, float qy, float qz) {
-        for (unsigned int base = a; base < b; base += 32u) {
-            const unsigned int pos = base + lane;
-            u64 key = KEY_NONE;
-            if (pos < b) {
-                const float4 p = sorted[pos];
-                const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
-                key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
-            }
-            unsigned int mask = __ballot_sync(0xffffffffu, key < kth);
-            while (mask) {
-                const int src = __ffs(mask) - 1;
-                mask &= mask - 1u;
-                const u64 kk = __shfl_sync(0xffffffffu, key, src);
-                if (kk < kth) insert(kk);
-            }
-        }
-    }
     __device__ __forceinline__ void ball_run(const float4* __restrict__ sorted, unsigned int a, unsigned int b,
                                              float qx, float qy, float qz, float r2, float rmin2, unsigned int& found) {
         for (unsigned int base = a; base < b; base += 32u) {
@@ -457,7 +402,7 @@ struct WarpList {
             u64 key = KEY_NONE;
             if (pos < b) {
                 const float4 p = sorted[pos];
-                const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+                const float d = lk_dist2(p.x, p.y, p.z, qx, qy, qz);
                 in = rmin2 <= d && d < r2;
                 key = (u64)__float_as_uint(p.w);
             }
@@ -629,12 +574,7 @@ __device__ __forceinline__ void warp_knn_cells(const GridParams& g, const unsign
                 }
             }
             const unsigned int cnt = l0 + l1;
-            unsigned int incl = cnt;
-#pragma unroll
-            for (unsigned int o = 1; o < 32; o <<= 1) {
-                const unsigned int t = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += t;
-            }
+            const unsigned int incl = lk_warp_incl_scan(cnt);
             const unsigned int total = __shfl_sync(0xffffffffu, incl, 31);
             for (unsigned int e0 = 0; e0 < total; e0 += 32u) {
                 const unsigned int e = e0 + lane;
@@ -655,7 +595,7 @@ __device__ __forceinline__ void warp_knn_cells(const GridParams& g, const unsign
                     const unsigned int off = e - (inc_j - cnt_j);
                     const unsigned int pos = off < l0_j ? a0_j + off : a1_j + (off - l0_j);
                     const float4 p = sorted[pos];
-                    const float d = nb_dist2(p.x, p.y, p.z, qx, qy, qz);
+                    const float d = lk_dist2(p.x, p.y, p.z, qx, qy, qz);
                     key = ((u64)__float_as_uint(d) << 32) | (u64)__float_as_uint(p.w);
                 }
                 unsigned int mask = __ballot_sync(0xffffffffu, key < best.kth);
@@ -692,7 +632,7 @@ knn_warp_cells(const float* __restrict__ qxyz, unsigned long long qstride, unsig
     const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
     WarpList best;
     best.init(k, nullptr);
-    if (g.ncells > 0 && finite3(qx, qy, qz)) warp_knn_cells(g, start, sorted, qx, qy, qz, best);
+    if (g.ncells > 0 && lk_finite3(qx, qy, qz)) warp_knn_cells(g, start, sorted, qx, qy, qz, best);
     best.emit_knn(out_idx + (u64)q * k, out_d + (u64)q * k);
 }
 
@@ -714,7 +654,7 @@ __device__ __forceinline__ void knn_kernel_body(const float* __restrict__ qxyz, 
     const float qx = qxyz[q], qy = qxyz[qstride + q], qz = qxyz[2 * qstride + q];
     L best;
     best.init(k, scratch + (u64)q * k);
-    if (g.ncells > 0 && finite3(qx, qy, qz)) knn_one(g, start, sorted, qx, qy, qz, best);
+    if (g.ncells > 0 && lk_finite3(qx, qy, qz)) knn_one(g, start, sorted, qx, qy, qz, best);
     int* oi = out_idx + (u64)q * k;
     float* od = out_d + (u64)q * k;
     best.emit_knn(oi, od);
@@ -730,7 +670,6 @@ extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_8(KNN_ARGS
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_16(KNN_ARGS) { knn_kernel_body<RegList<16>>(KNN_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_32(KNN_ARGS) { knn_kernel_body<RegList<32>>(KNN_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_global(KNN_ARGS) { knn_kernel_body<GlobalList>(KNN_PASS); }
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_warp(KNN_ARGS) { knn_kernel_body<WarpList>(KNN_PASS); }
 
 // ------------------------------------------------------------------------------------------------
 // Ball query. pad_first: 1 = FirstFound, 0 = Minus1.
@@ -748,7 +687,7 @@ __device__ __forceinline__ void ball_kernel_body(const float* __restrict__ qxyz,
     L best;
     best.init(ns, scratch + (u64)q * ns);
     unsigned int found = 0;
-    if (g.ncells > 0 && finite3(qx, qy, qz)) {
+    if (g.ncells > 0 && lk_finite3(qx, qy, qz)) {
         const double qf[3] = {(double)qx, (double)qy, (double)qz};
         const double reach = (double)radius * (1.0 + 1e-5) + g.margin;
         int lo[3], hi[3];

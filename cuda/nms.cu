@@ -1,5 +1,5 @@
 // Non-maximum suppression on the device: sort, suppression bitmask, greedy sweep, keep list.
-// Semantics and every formula: src/ops/nms.rs (the CPU reference). Host side: src/gpu/nms.rs.
+// Semantics and every formula: src/ops/nms/mod.rs (the CPU reference). Host side: src/ops/nms/cuda.rs.
 //
 // Pipeline (one stream, no host round trip):
 //   nms_keys     per input box: 64-bit key (descending score bits << 32 | index) for candidates
@@ -8,7 +8,7 @@
 //                ranks are a permutation; deterministic); the j range is split over grid.y and the
 //                partial counts added with integer atomics.
 //   nms_prep     candidates with rank < pre_max_size: order[rank] = i and the kind's per-box
-//                preparation (exact f32, see ops/nms.rs) stored by rank.
+//                preparation (exact f32, see ops/nms/mod.rs) stored by rank.
 //   nms_mask_*   one 64-thread block per (row tile, column tile >= row tile) of the upper
 //                triangle: bit k of row r's word is set when rank r suppresses rank 64*ct + k.
 //                Diagonal words go to diag[r]; other non-zero words are appended to the row
@@ -22,17 +22,13 @@
 // All arithmetic of the overlap tests uses __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never
 // contracted into FMA, whatever the flags) in the exact order of the CPU reference.
 
-#ifndef NMS_BLOCK
-#define NMS_BLOCK 64
-#endif
-#ifndef NMS_TILE
+#include "common.cuh"
+
+// 64 boxes per tile: one u64 suppression word per (row, column tile); the mask kernel runs one
+// thread per row of a tile (TILE in src/ops/nms/cuda.rs).
 #define NMS_TILE 64
-#endif
+#define NMS_BLOCK NMS_TILE
 
-static_assert(NMS_TILE == 64, "NMS_TILE must be 64: one u64 suppression word per (row, column tile)");
-static_assert(NMS_BLOCK == NMS_TILE, "the mask kernel runs one thread per row of a tile");
-
-typedef unsigned long long u64;
 typedef unsigned int u32;
 
 #define NMS_AUX_BLOCK 256
@@ -102,7 +98,7 @@ __device__ __forceinline__ void sincos_portable(float yaw, float* s_out, float* 
 }
 
 // ------------------------------------------------------------------------------------------
-// Pair tests (a = higher-ranked, b = lower-ranked), exactly as ops/nms.rs.
+// Pair tests (a = higher-ranked, b = lower-ranked), exactly as ops/nms/mod.rs.
 
 // AA prep: 0 x1, 1 y1, 2 x2, 3 y2, 4 area.
 __device__ __forceinline__ bool aa_suppresses(const float* a, const float* b, float t) {

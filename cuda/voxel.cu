@@ -1,8 +1,8 @@
 // Voxelization kernels: hard (PointPillars / mmcv) and dynamic voxelization, scatter means,
-// PointPillars point decoration. Must reproduce src/ops/voxel.rs bit for bit on every integer output
+// PointPillars point decoration. Must reproduce src/ops/voxel/mod.rs bit for bit on every integer output
 // (and on every float output whose arithmetic order the reference fixes).
 //
-// Pipeline (src/gpu/voxel.rs enqueues it; no memset, no host synchronization inside; 4 launches for
+// Pipeline (src/ops/voxel/cuda.rs enqueues it; no memset, no host synchronization inside; 4 launches for
 // 16-bit voxel ranks such as W1 pillars, 5 for up to 24 bits):
 //   1. vox_insert        one thread per point: voxel coordinate in f32 exactly as VoxelGrid::coord
 //                        (one __fsub_rn, one __fdiv_rn, floorf, range test in f32); linear key
@@ -46,7 +46,9 @@
 //   VOXEL_BLOCK  threads per block (multiple of 32, 32..=1024; the radix kernels handle 256 digits
 //                with strided loops)
 //   VOXEL_ITEMS  consecutive points per thread in the rank / radix tiles
-//   HASH_LOAD_FACTOR  (used on the host to size the table)
+// (The profile's hash_load_factor sizes the hash table on the host: hash_mask / hash_shift.)
+
+#include "common.cuh"
 
 #ifndef VOXEL_BLOCK
 #define VOXEL_BLOCK 256
@@ -74,7 +76,7 @@
 #define ST_DONE 3u    // prefix, and (vox_rank_keys) the tile's first points have written their vid
 #define ST_VALUE 0x3fffffffu
 
-// Counter words (u32), see src/gpu/voxel.rs `CTR_*`. Zeroed by vox_insert (block 0).
+// Counter words (u32), see src/ops/voxel/cuda.rs `CTR_*`. Zeroed by vox_insert (block 0).
 #define CTR_RANK_TILE 0     // tile counter of vox_rank_keys
 #define CTR_VOXELS 1        // distinct in-range voxels (uncapped)
 #define CTR_OUT_OF_RANGE 2
@@ -88,7 +90,7 @@
 #define KEY_FIRST 0x80000000u // sort-key flag: the voxel's first point
 #define KEY_MASK 0x7fffffffu
 
-// Must match `VoxParams` in src/gpu/voxel.rs (repr(C), 4-byte fields only).
+// Must match `VoxParams` in src/ops/voxel/cuda.rs (repr(C), 4-byte fields only; same size asserted there).
 struct VoxParams {
     float min[3];
     float size[3];
@@ -110,6 +112,7 @@ struct VoxParams {
     unsigned int pad_;
     unsigned int ch[VOX_MAX_CHANNELS]; // cloud channel index of output channel k
 };
+static_assert(sizeof(VoxParams) == 168, "VoxParams: size differs from src/ops/voxel/cuda.rs");
 
 #define FLAG_RAW 1u
 #define FLAG_PILLAR 2u
@@ -158,39 +161,10 @@ __device__ __forceinline__ unsigned int st_wait(const unsigned long long* p, uns
     }
 }
 
-// Block-wide exclusive scan of one value per thread; returns the thread's exclusive prefix and the
-// block total in *total. Uses `warp_buf` (VOX_WARPS words). Deterministic.
-__device__ __forceinline__ unsigned int block_scan(unsigned int v, unsigned int* warp_buf, unsigned int* total) {
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int warp = threadIdx.x >> 5;
-    unsigned int incl = v;
-#pragma unroll
-    for (unsigned int o = 1; o < 32; o <<= 1) {
-        const unsigned int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    if (lane == 31u) warp_buf[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        unsigned int w = lane < VOX_WARPS ? warp_buf[lane] : 0u;
-#pragma unroll
-        for (unsigned int o = 1; o < 32; o <<= 1) {
-            const unsigned int t = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += t;
-        }
-        if (lane < VOX_WARPS) warp_buf[lane] = w;
-    }
-    __syncthreads();
-    const unsigned int excl = (warp > 0 ? warp_buf[warp - 1] : 0u) + incl - v;
-    *total = warp_buf[VOX_WARPS - 1];
-    __syncthreads(); // warp_buf may be reused by the caller
-    return excl;
-}
-
 // Block reduce (sum) then one atomicAdd.
 __device__ __forceinline__ void block_count(unsigned int v, unsigned int* warp_buf, unsigned int* dst) {
     unsigned int total;
-    block_scan(v, warp_buf, &total);
+    lk_block_excl_scan<VOX_WARPS>(v, warp_buf, &total);
     if (threadIdx.x == 0 && total != 0u) atomicAdd(dst, total);
 }
 
@@ -316,7 +290,7 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
         }
     }
     unsigned int tile_total;
-    const unsigned int thread_excl = block_scan(count, s_warp, &tile_total); // ends with a barrier
+    const unsigned int thread_excl = lk_block_excl_scan<VOX_WARPS>(count, s_warp, &tile_total); // ends with a barrier
     if (min_tile < tile) atomicMin(&s_min_tile, min_tile);
 
     // Decoupled look-back by warp 0, 32 predecessors at a time.
@@ -428,7 +402,7 @@ vox_sort_pass(const unsigned int* __restrict__ keys_in, const unsigned int* __re
         const unsigned int d = b + threadIdx.x;
         const unsigned int v = d < bins ? hist[d] : 0u;
         unsigned int total;
-        const unsigned int ex = block_scan(v, s_warp, &total); // barriers inside
+        const unsigned int ex = lk_block_excl_scan<VOX_WARPS>(v, s_warp, &total); // barriers inside
         if (d < bins) s_base[d] = carry + ex;
         carry += total;
     }

@@ -4,9 +4,10 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use lidar_kernels::bag::sample;
-use lidar_kernels::gpu::{select_backend, suite, BackendKind, GpuContext};
+use lidar_kernels::gpu::{select_backend, BackendKind, GpuContext};
 use lidar_kernels::pipeline::{Engine, PipelineConfig};
 use lidar_kernels::replay::{replay, ReplayOptions};
+use lidar_kernels::verify;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -98,9 +99,12 @@ impl From<BackendArg> for BackendKind {
     }
 }
 
-/// The sample bag, built on first use next to the crate's build output.
+/// The sample bag, built on first use in the user's cache folder (the CUDA cubin cache's root,
+/// else the temp folder), never in the source tree.
 fn sample_bag() -> Result<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sample");
+    let root = lidar_kernels::gpu::nvrtc::default_cache_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join("lidar_kernels"));
+    let dir = root.join("sample");
     let bag = dir.join(sample::SAMPLE_BAG_NAME);
     if bag.join("metadata.yaml").exists() {
         return Ok(bag);
@@ -192,7 +196,7 @@ fn run(cli: Cli) -> Result<()> {
             });
             let ctx = cuda_context(&profile)?;
             println!("check-gpu on {} ({}, profile {}), seed {seed}", ctx.device_name, ctx.arch, ctx.profile.name);
-            let table = suite::check_all(&ctx, seed, &data_dir, eval_dir.as_deref())?;
+            let table = verify::check_all(&ctx, seed, &data_dir, eval_dir.as_deref())?;
             println!("{table}");
             write_report(out.as_deref(), &format!("check-gpu seed {seed} on {}\n\n{table}", ctx.device_name))?;
             let failed = table.0.iter().filter(|r| !r.passed()).count();
@@ -204,7 +208,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench { workloads, data_dir, profile, out } => {
             let ctx = cuda_context(&profile)?;
-            let table = suite::bench_all(&ctx, &workloads, &data_dir)?;
+            let table = verify::bench_all(&ctx, &workloads, &data_dir)?;
             println!("{table}");
             write_report(out.as_deref(), &table.to_string())
         }

@@ -111,16 +111,12 @@ fn say(progress: &ProgressBar, line: String) {
 }
 
 fn frame_line(index: u64, out: &FrameOutput) -> String {
-    let mut line = format!(
-        "frame {index:>4} stamp {}.{:09} points {:>7}",
-        out.header.stamp_sec,
-        out.header.stamp_nanosec,
-        out.input.cloud.len()
-    );
-    if out.input.dropped_non_finite > 0 {
-        line += &format!(" (non-finite dropped {})", out.input.dropped_non_finite);
+    let (h, r) = (out.header(), &out.results);
+    let mut line = format!("frame {index:>4} stamp {}.{:09} points {:>7}", h.stamp_sec, h.stamp_nanosec, r.points);
+    if r.dropped_non_finite > 0 {
+        line += &format!(" (non-finite dropped {})", r.dropped_non_finite);
     }
-    if let Some(v) = &out.voxels {
+    if let Some(v) = &r.voxels {
         line += &format!(
             " | voxels {} (out of range {}, over capacity {})",
             v.len(),
@@ -128,15 +124,14 @@ fn frame_line(index: u64, out: &FrameOutput) -> String {
             v.dropped_capacity()
         );
     }
-    if let Some(d) = &out.downsampled {
-        line += &format!(" | downsampled {}", d.len());
+    if let Some(d) = &r.downsampled {
+        line += &format!(" | downsampled {}", d.voxel_count());
     }
-    if let Some(s) = &out.samples {
-        line += &format!(" | fps {}", s.indices.iter().filter(|&&i| i >= 0).count());
+    if let Some(k) = out.sample_count() {
+        line += &format!(" | fps {k}");
     }
-    if let Some(n) = &out.neighborhoods {
-        let found = n.indices.iter().filter(|&&i| i >= 0).count();
-        line += &format!(" | neighbours {}x{} ({found} found)", n.indices.len() / n.width.max(1), n.width);
+    if let Some(n) = &r.neighborhoods {
+        line += &format!(" | neighbours {}x{} ({} found)", n.indices.len() / n.width.max(1), n.width, n.found);
     }
     line
 }
@@ -213,7 +208,7 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                     say(&progress, frame_line(frames, &frame));
                 }
                 if let Some(o) = out.as_mut() {
-                    let stamp = frame.header.stamp_ns();
+                    let stamp = frame.header().stamp_ns();
                     for (name, m) in frame.messages(&feature_names) {
                         o.write(name, stamp, &m.to_cdr())?;
                     }

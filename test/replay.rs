@@ -26,7 +26,7 @@ fn sample_replay_writes_every_output() {
     let bag_dir = sample::write_sample_bag(&dir).unwrap();
     let out = dir.join("out.mcap");
     let config = PipelineConfig::default();
-    let summary = replay(&options(bag_dir, Some(out.clone())), config.clone(), Engine::Cpu).unwrap();
+    let summary = replay(&options(bag_dir, Some(out.clone())), config.clone(), Engine::cpu()).unwrap();
     assert_eq!(summary.frames, sample::SAMPLE_SCANS.len() as u64);
     assert_eq!(summary.skipped, 0);
 
@@ -75,7 +75,7 @@ fn bad_messages_are_skipped_and_counted() {
     let mut config = PipelineConfig::default();
     config.features = vec!["reflectivity".into()];
     config.fps.params.num_samples = 64;
-    let summary = replay(&options(path, None), config, Engine::Cpu).unwrap();
+    let summary = replay(&options(path, None), config, Engine::cpu()).unwrap();
     assert_eq!((summary.frames, summary.skipped), (2, 2));
     assert_eq!(summary.stats.malformed, 2);
 }
@@ -93,7 +93,7 @@ fn ambiguous_topic_is_an_error() {
         w.write(h, 1, &msg).unwrap();
     }
     w.finish().unwrap();
-    let err = replay(&options(path, None), PipelineConfig::default(), Engine::Cpu).unwrap_err().to_string();
+    let err = replay(&options(path, None), PipelineConfig::default(), Engine::cpu()).unwrap_err().to_string();
     assert!(err.contains("/a") && err.contains("/b") && err.contains("--topic"), "{err}");
 }
 
@@ -136,7 +136,7 @@ fn boxes_topic_goes_through_nms() {
     cfg.features = vec!["reflectivity".into()];
     cfg.fps.params.num_samples = 64;
     let out = dir.join("out.mcap");
-    let summary = replay(&options(path, Some(out.clone())), cfg.clone(), Engine::Cpu).unwrap();
+    let summary = replay(&options(path, Some(out.clone())), cfg.clone(), Engine::cpu()).unwrap();
     assert_eq!(summary.box_frames, 1);
     let expected = nms(&boxes, &scores, &labels, &cfg.nms.params).unwrap();
     let reader = bag::open(&out).unwrap();

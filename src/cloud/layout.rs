@@ -82,7 +82,7 @@ impl PointLayout {
     }
 
     /// Fields that become cloud channels: single-element fields, first of each name, x/y/z first.
-    fn channels(&self) -> Vec<&PointField> {
+    pub fn channels(&self) -> Vec<&PointField> {
         let mut out: Vec<&PointField> =
             ["x", "y", "z"].iter().map(|a| self.fields.iter().find(|f| f.name == *a).expect("validated")).collect();
         for f in &self.fields {
@@ -118,7 +118,7 @@ macro_rules! put {
     }};
 }
 
-fn write_value(at: &mut [u8], dt: Datatype, v: f64, be: bool) {
+pub(super) fn write_value(at: &mut [u8], dt: Datatype, v: f64, be: bool) {
     let r = v.round();
     match dt {
         Datatype::Int8 => put!(at, (r as i8), be),
@@ -191,7 +191,11 @@ pub fn validate(msg: &PointCloud2<'_>) -> Result<PointLayout, CloudError> {
 /// offsets, padding, endianness and organization. Points whose x, y or z is not finite are dropped
 /// and counted (whatever `is_dense` claims: a wrong flag must not let NaN reach the operators).
 pub fn gather(msg: &PointCloud2<'_>) -> Result<Gathered, CloudError> {
-    let layout = validate(msg)?;
+    Ok(gather_valid(msg, &validate(msg)?))
+}
+
+/// [`gather`] of a message already validated into `layout`.
+pub(super) fn gather_valid(msg: &PointCloud2<'_>, layout: &PointLayout) -> Gathered {
     let n = msg.num_points() as usize;
     let channels = layout.channels();
     let mut columns: Vec<Vec<f32>> = Vec::with_capacity(channels.len());
@@ -224,5 +228,25 @@ pub fn gather(msg: &PointCloud2<'_>) -> Result<Gathered, CloudError> {
     for (f, values) in channels[3..].iter().zip(it) {
         cloud = cloud.with_channel(&f.name, values);
     }
-    Ok(Gathered { cloud, dropped_non_finite })
+    Gathered { cloud, dropped_non_finite }
+}
+
+/// The value of field `f` in the point record `p`, widened to f64 (exact for every datatype).
+pub(super) fn read_f64(p: &[u8], dt: Datatype, offset: usize, be: bool) -> f64 {
+    macro_rules! get {
+        ($ty:ty, $n:literal) => {{
+            let b: [u8; $n] = p[offset..offset + $n].try_into().unwrap();
+            (if be { <$ty>::from_be_bytes(b) } else { <$ty>::from_le_bytes(b) }) as f64
+        }};
+    }
+    match dt {
+        Datatype::Int8 => get!(i8, 1),
+        Datatype::Uint8 => get!(u8, 1),
+        Datatype::Int16 => get!(i16, 2),
+        Datatype::Uint16 => get!(u16, 2),
+        Datatype::Int32 => get!(i32, 4),
+        Datatype::Uint32 => get!(u32, 4),
+        Datatype::Float32 => get!(f32, 4),
+        Datatype::Float64 => get!(f64, 8),
+    }
 }

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 
 pub use cdr::{CdrReader, CdrWriter};
 pub use layout::{gather, validate, Gathered, PointLayout};
+use layout::{gather_valid, read_f64, write_value};
 
 /// ROS message type names, as rosbag2 and the ROS graph spell them.
 pub const POINTCLOUD2_TYPE: &str = "sensor_msgs/msg/PointCloud2";
@@ -212,6 +213,122 @@ impl<'a> PointCloud2<'a> {
             data: Cow::Owned(data),
             is_dense: true,
         }
+    }
+}
+
+/// A decoded PointCloud2 whose layout has been validated: every point record lies inside `data`.
+/// The pipeline validates a cloud once, into this view, and every stage takes the view.
+#[derive(Debug, Clone)]
+pub struct CloudView<'a> {
+    pub msg: PointCloud2<'a>,
+    pub layout: PointLayout,
+}
+
+impl<'a> CloudView<'a> {
+    /// Decodes CDR bytes (the point blob stays borrowed) and validates the layout.
+    pub fn decode(bytes: &'a [u8]) -> Result<Self, CloudError> {
+        Self::new(PointCloud2::from_cdr(bytes)?)
+    }
+
+    pub fn new(msg: PointCloud2<'a>) -> Result<Self, CloudError> {
+        let layout = validate(&msg)?;
+        Ok(Self { msg, layout })
+    }
+
+    /// Points in the message, finite or not.
+    pub fn len(&self) -> usize {
+        self.msg.num_points() as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The float32 structure-of-arrays cloud of [`gather`].
+    pub fn gather(&self) -> Gathered {
+        gather_valid(&self.msg, &self.layout)
+    }
+
+    /// The bytes of point `i` (row-major over an organized cloud), `point_step` long.
+    pub fn record(&self, i: usize) -> &[u8] {
+        let (w, step) = (self.msg.width as usize, self.layout.point_step as usize);
+        let start = (i / w) * self.msg.row_step as usize + (i % w) * step;
+        &self.msg.data[start..start + step]
+    }
+
+    /// Field `f` of point `i`, widened to f64 (exact for every datatype).
+    pub fn value(&self, f: &PointField, i: usize) -> f64 {
+        let dt = Datatype::from_u8(f.datatype).expect("validated");
+        read_f64(self.record(i), dt, f.offset as usize, self.layout.big_endian)
+    }
+
+    /// x, y, z of point `i` as float32, the values [`gather`] produces.
+    pub fn xyz(&self, i: usize) -> [f32; 3] {
+        let ch = self.layout.channels();
+        [self.value(ch[0], i) as f32, self.value(ch[1], i) as f32, self.value(ch[2], i) as f32]
+    }
+
+    /// For every gathered point, the index of its record in the message: the identity when no
+    /// point was dropped as non-finite (the common case, known without reading the data).
+    pub fn source_indices(&self, dropped_non_finite: usize) -> SourceIndex {
+        if dropped_non_finite == 0 {
+            return SourceIndex::Identity;
+        }
+        let keep = (0..self.len()).filter(|&i| self.xyz(i).iter().all(|v| v.is_finite()));
+        SourceIndex::Map(keep.map(|i| i as u32).collect())
+    }
+}
+
+/// Maps gathered point indices to message record indices (see [`CloudView::source_indices`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceIndex {
+    Identity,
+    Map(Vec<u32>),
+}
+
+impl SourceIndex {
+    pub fn get(&self, i: usize) -> usize {
+        match self {
+            SourceIndex::Identity => i,
+            SourceIndex::Map(m) => m[i] as usize,
+        }
+    }
+}
+
+/// An unorganized message in `layout` whose point `i` is record `pick(i)` of `view`, copied byte for
+/// byte: every field keeps its datatype and value.
+pub fn select_records(header: &Header, view: &CloudView<'_>, picks: impl Iterator<Item = usize>) -> PointCloud2<'static> {
+    let step = view.layout.point_step as usize;
+    let mut data = Vec::new();
+    let mut n = 0u32;
+    for i in picks {
+        data.extend_from_slice(view.record(i));
+        n += 1;
+    }
+    debug_assert_eq!(data.len(), n as usize * step);
+    PointCloud2 {
+        header: header.clone(),
+        height: 1,
+        width: n,
+        fields: view.layout.fields.clone(),
+        is_bigendian: view.layout.big_endian,
+        point_step: step as u32,
+        row_step: step as u32 * n,
+        data: Cow::Owned(data),
+        is_dense: true,
+    }
+}
+
+/// Writes `v` into field `f` of the record `at` (integers rounded to nearest and saturated).
+pub fn write_field(at: &mut [u8], f: &PointField, v: f64, big_endian: bool) {
+    let dt = Datatype::from_u8(f.datatype).expect("validated");
+    write_value(&mut at[f.offset as usize..], dt, v, big_endian);
+}
+
+impl Datatype {
+    /// True when float32 cannot hold every value of the type (32-bit integers, float64): means of
+    /// such fields are computed from the f64 values of the records, not from the float32 channels.
+    pub fn wider_than_f32(self) -> bool {
+        matches!(self, Datatype::Int32 | Datatype::Uint32 | Datatype::Float64)
     }
 }
 

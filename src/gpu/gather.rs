@@ -6,7 +6,7 @@
 use super::context::{GpuContext, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
 use super::profile::KernelProfile;
 use super::GpuError;
-use crate::cloud::{validate, Cloud, PointCloud2, PointField, PointLayout};
+use crate::cloud::{Cloud, CloudView, PointField, PointLayout};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +31,8 @@ pub(crate) struct GatherParams {
 
 // SAFETY: repr(C), plain u32 fields, no padding; layout matches the CUDA struct.
 unsafe impl DeviceRepr for GatherParams {}
+// Same size as the CUDA struct (`static_assert` in cuda/gather.cu).
+const _: () = assert!(std::mem::size_of::<GatherParams>() == 288);
 
 /// Per-context device scratch of the gather stage (grow-only).
 pub(crate) struct GatherScratch {
@@ -134,19 +136,19 @@ pub fn channel_fields(layout: &PointLayout) -> Vec<&PointField> {
 }
 
 /// Uploads `msg` and gathers it on the device (see the module docs).
-pub fn upload_and_gather(ctx: &GpuContext, msg: &PointCloud2<'_>) -> Result<DeviceCloud, GpuError> {
-    upload_and_gather_timed(ctx, msg, None)
+pub fn upload_and_gather(ctx: &GpuContext, view: &CloudView<'_>) -> Result<DeviceCloud, GpuError> {
+    upload_and_gather_timed(ctx, view, None)
 }
 
 /// [`upload_and_gather`], recording the stages `h2d` and `gather` on `timer` when given.
 /// `h2d` spans the host copy into the pinned slot (the stream is idle meanwhile) and the DMA.
 pub fn upload_and_gather_timed(
     ctx: &GpuContext,
-    msg: &PointCloud2<'_>,
+    view: &CloudView<'_>,
     mut timer: Option<&mut StageTimer>,
 ) -> Result<DeviceCloud, GpuError> {
-    let layout = validate(msg)?;
-    let fields = channel_fields(&layout);
+    let (msg, layout) = (&view.msg, &view.layout);
+    let fields = channel_fields(layout);
     if fields.len() > MAX_CHANNELS {
         return Err(GpuError::Unsupported(format!(
             "PointCloud2 has {} single-element fields; the gather kernel takes at most {MAX_CHANNELS}",

@@ -1,6 +1,6 @@
-//! The kernel registry: one `.cu` file per operator family in `cuda/`, embedded in the binary.
-//! Adding a kernel file is one line here; every entry is compiled (through the cubin cache) when a
-//! [`super::GpuContext`] starts and by [`super::nvrtc_check`].
+//! The kernel registry: one `.cu` file per operator family in `cuda/`, embedded in the binary, and
+//! the headers they include. Adding a kernel file is one line here; every entry is compiled (through
+//! the cubin cache) when a [`super::GpuContext`] starts and by [`super::nvrtc_check`].
 
 /// A kernel source file: the module name used by [`super::GpuContext::function`] and its source.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +19,10 @@ macro_rules! kernel {
         }
     };
 }
+
+/// The headers the kernel files `#include`: (include name, text). NVRTC receives them as named
+/// headers; their text is part of every cubin's cache key.
+pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../cuda/common.cuh"))];
 
 /// Every kernel file, in load order.
 pub const KERNELS: &[KernelSource] =

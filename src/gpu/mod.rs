@@ -1,23 +1,20 @@
-//! The CUDA backend's runtime: backend selection, kernel profiles, NVRTC compilation with an on-disk
-//! cubin cache, the device context with its pinned staging ring and grow-only device pools, event
-//! timing, and the first data-path stage (PointCloud2 upload + gather).
+//! The CUDA backend's runtime: backend selection, kernel profiles, the kernel registry, NVRTC
+//! compilation with an on-disk cubin cache, the device context with its pinned staging ring and
+//! grow-only device pools and buffers, event timing, and the first data-path stage (PointCloud2
+//! upload + gather). The operators' launchers live beside their CPU reference
+//! (`crate::ops::<family>::cuda`); the GPU-vs-CPU checks and the benchmarks in `crate::verify`.
 //!
 //! Everything is loaded at run time (cudarc `dynamic-loading`): a machine without a driver or
 //! without NVRTC builds and runs the CPU backend; nothing here panics when a library is missing.
 
+pub mod buffer;
 pub mod context;
-pub mod fps;
 pub mod gather;
 pub mod kernels;
-pub mod neighbors;
-pub mod nms;
 pub mod nvrtc;
 pub mod profile;
-pub mod report;
-pub mod smoke;
-pub mod suite;
-pub mod voxel;
 
+pub use buffer::{upload_xyz, DevBuf, DeviceXyz};
 pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
 pub use gather::{upload_and_gather, DeviceCloud};
 pub use kernels::{KernelSource, KERNELS};

@@ -1,11 +1,12 @@
 //! NVRTC compilation to CUBIN, the on-disk cubin cache, and `nvrtc-check`.
 //!
 //! Kernels are compiled for the present GPU's exact architecture to CUBIN (never PTX: PTX from an
-//! NVRTC newer than the driver fails to JIT). The cache key is the SHA-256 of the source, the
-//! architecture, the NVRTC version and every option (profile defines included), so any change
-//! recompiles and a restart compiles nothing.
+//! NVRTC newer than the driver fails to JIT). The shared headers (`cuda/common.cuh`, see
+//! [`super::kernels::HEADERS`]) are handed to NVRTC by name. The cache key is the SHA-256 of the
+//! source, the headers, the architecture, the NVRTC version and every option (profile defines
+//! included), so any change recompiles and a restart compiles nothing.
 
-use super::kernels::{KernelSource, KERNELS};
+use super::kernels::{KernelSource, HEADERS, KERNELS};
 use super::profile::KernelProfile;
 use super::GpuError;
 use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys};
@@ -60,15 +61,36 @@ pub fn compile_cubin(name: &str, source: &str, options: &[String]) -> Result<Vec
     compile_cubin_with_log(name, source, options).map(|(cubin, _)| cubin)
 }
 
-/// Compiles `source` to a CUBIN, returning it with NVRTC's log (warnings).
+/// Compiles `source` to a CUBIN, returning it with NVRTC's log (warnings). The source may include
+/// the registry's [`HEADERS`] by name.
 pub fn compile_cubin_with_log(name: &str, source: &str, options: &[String]) -> Result<(Vec<u8>, String), GpuError> {
     if !nvrtc_present() {
         return Err(GpuError::NvrtcMissing);
     }
-    let src = CString::new(source).map_err(|_| GpuError::Nvrtc(format!("{name}: source contains a NUL byte")))?;
+    let nul = |what: &str| GpuError::Nvrtc(format!("{name}: {what} contains a NUL byte"));
+    let src = CString::new(source).map_err(|_| nul("source"))?;
     let cname = CString::new(format!("{name}.cu")).expect("module names have no NUL");
-    let prog = nvrtc_result::create_program(&src, Some(&cname))
-        .map_err(|e| GpuError::Nvrtc(format!("{name}: nvrtcCreateProgram: {e:?}")))?;
+    let header_texts = HEADERS.iter().map(|(_, t)| CString::new(*t).map_err(|_| nul("a header"))).collect::<Result<Vec<_>, _>>()?;
+    let header_names = HEADERS.iter().map(|(n, _)| CString::new(*n).map_err(|_| nul("a header name"))).collect::<Result<Vec<_>, _>>()?;
+    let texts: Vec<*const std::ffi::c_char> = header_texts.iter().map(|c| c.as_ptr()).collect();
+    let names: Vec<*const std::ffi::c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
+    let mut prog = std::mem::MaybeUninit::<nvrtc_sys::nvrtcProgram>::uninit();
+    // SAFETY: NVRTC is present; every pointer is a NUL-terminated string alive for the call (NVRTC
+    // copies the sources), `texts` and `names` hold HEADERS.len() entries each.
+    unsafe {
+        nvrtc_sys::nvrtcCreateProgram(
+            prog.as_mut_ptr(),
+            src.as_ptr(),
+            cname.as_ptr(),
+            HEADERS.len() as std::ffi::c_int,
+            texts.as_ptr(),
+            names.as_ptr(),
+        )
+    }
+    .result()
+    .map_err(|e| GpuError::Nvrtc(format!("{name}: nvrtcCreateProgram: {e:?}")))?;
+    // SAFETY: initialized by the successful call above.
+    let prog = unsafe { prog.assume_init() };
     struct Guard(nvrtc_sys::nvrtcProgram);
     impl Drop for Guard {
         fn drop(&mut self) {
@@ -117,16 +139,28 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|h| h.join(".cache").join("lidar_kernels")))
 }
 
-/// SHA-256 (hex) of everything that determines a CUBIN.
-pub fn cache_key(source: &str, arch: &str, nvrtc_version: (i32, i32), options: &[String]) -> String {
+/// SHA-256 (hex) of everything that determines a CUBIN: the source, the headers it may include
+/// (name and text), the architecture, the NVRTC version and the options.
+pub fn cache_key(
+    source: &str,
+    headers: &[(&str, &str)],
+    arch: &str,
+    nvrtc_version: (i32, i32),
+    options: &[String],
+) -> String {
     let mut h = Sha256::new();
     // Length-prefixed parts: no two different inputs hash the same byte stream.
     let mut part = |b: &[u8]| {
         h.update((b.len() as u64).to_le_bytes());
         h.update(b);
     };
-    part(b"lidar_kernels cubin v1");
+    part(b"lidar_kernels cubin v2");
     part(source.as_bytes());
+    part(&(headers.len() as u64).to_le_bytes());
+    for (name, text) in headers {
+        part(name.as_bytes());
+        part(text.as_bytes());
+    }
     part(arch.as_bytes());
     part(format!("{}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
     for o in options {
@@ -165,7 +199,7 @@ impl CubinCache {
         nvrtc_version: (i32, i32),
         options: &[String],
     ) -> Result<(Vec<u8>, CubinOrigin), GpuError> {
-        let key = cache_key(kernel.source, arch, nvrtc_version, options);
+        let key = cache_key(kernel.source, HEADERS, arch, nvrtc_version, options);
         let path = self.path(kernel.module, arch, &key);
         if let Some(p) = &path {
             if let Ok(bytes) = std::fs::read(p) {

@@ -1,7 +1,9 @@
-//! Kernel profiles: per-target block sizes, items per thread, hash load factor, FPS/NMS tiles and
-//! initial pool capacities. The three built-in profiles live in `config/targets/*.yaml` and are
-//! embedded in the binary, so it works from any directory. Kernel-facing values reach the kernels as
-//! NVRTC `-D NAME=value` options (see [`KernelProfile::defines`]).
+//! Kernel profiles: per-target block sizes, items per thread, hash load factor and initial pool
+//! capacities. The three built-in profiles live in `config/targets/*.yaml` and are embedded in the
+//! binary, so it works from any directory. Kernel-facing values reach the kernels as NVRTC
+//! `-D NAME=value` options (see [`KernelProfile::defines`]); the host reads the same block sizes for
+//! its launches, the hash load factor to size the voxel hash table and the pools for the first
+//! allocations. Every key has a reader: a value no kernel and no host code reads is no key.
 
 use super::GpuError;
 use serde::{Deserialize, Serialize};
@@ -21,7 +23,6 @@ pub struct BlockSizes {
     pub voxel: u32,
     pub fps: u32,
     pub neighbors: u32,
-    pub nms: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,9 +36,9 @@ pub struct ItemsPerThread {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pools {
+    /// Points the first device clouds, gather scratch and pinned upload slots are sized for.
     pub points: usize,
-    pub voxels: usize,
-    pub boxes: usize,
+    /// Slots of each pinned staging ring (upload and read-back).
     pub pinned_slots: usize,
 }
 
@@ -50,8 +51,6 @@ pub struct KernelProfile {
     pub block_size: BlockSizes,
     pub items_per_thread: ItemsPerThread,
     pub hash_load_factor: f64,
-    pub fps_tile: u32,
-    pub nms_tile: u32,
     pub pools: Pools,
 }
 
@@ -107,7 +106,6 @@ impl KernelProfile {
             ("block_size.voxel", self.block_size.voxel),
             ("block_size.fps", self.block_size.fps),
             ("block_size.neighbors", self.block_size.neighbors),
-            ("block_size.nms", self.block_size.nms),
         ];
         for (key, v) in blocks {
             if !(32..=1024).contains(&v) || v % 32 != 0 {
@@ -131,35 +129,8 @@ impl KernelProfile {
                 ),
             ));
         }
-        if !(32..=4096).contains(&self.fps_tile) || !self.fps_tile.is_power_of_two() {
-            return Err(bad(
-                "fps_tile",
-                format!(
-                    "{} is not a power of two in 32..=4096 (12 bytes/point must fit 48 KB of shared memory)",
-                    self.fps_tile
-                ),
-            ));
-        }
-        if self.nms_tile != 32 && self.nms_tile != 64 {
-            return Err(bad(
-                "nms_tile",
-                format!("{} must be 32 or 64 (bits of one suppression mask word)", self.nms_tile),
-            ));
-        }
-        if self.block_size.nms < self.nms_tile {
-            return Err(bad(
-                "block_size.nms",
-                format!("{} is smaller than nms_tile {}", self.block_size.nms, self.nms_tile),
-            ));
-        }
-        for (key, v) in [
-            ("pools.points", self.pools.points),
-            ("pools.voxels", self.pools.voxels),
-            ("pools.boxes", self.pools.boxes),
-        ] {
-            if v == 0 || v > (1usize << 31) {
-                return Err(bad(key, format!("{v} is outside 1..=2^31")));
-            }
+        if self.pools.points == 0 || self.pools.points > (1usize << 31) {
+            return Err(bad("pools.points", format!("{} is outside 1..=2^31", self.pools.points)));
         }
         if !(2..=16).contains(&self.pools.pinned_slots) {
             return Err(bad("pools.pinned_slots", format!("{} is outside 2..=16", self.pools.pinned_slots)));
@@ -175,11 +146,7 @@ impl KernelProfile {
             format!("-DVOXEL_BLOCK={}", self.block_size.voxel),
             format!("-DVOXEL_ITEMS={}", self.items_per_thread.voxel),
             format!("-DFPS_BLOCK={}", self.block_size.fps),
-            format!("-DFPS_TILE={}", self.fps_tile),
             format!("-DNEIGHBORS_BLOCK={}", self.block_size.neighbors),
-            format!("-DNMS_BLOCK={}", self.block_size.nms),
-            format!("-DNMS_TILE={}", self.nms_tile),
-            format!("-DHASH_LOAD_FACTOR={:.6}f", self.hash_load_factor),
         ]
     }
 

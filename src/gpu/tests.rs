@@ -88,11 +88,9 @@ fn bad_profile_values_name_the_key() {
     let cases = [
         ("gather: 256", "gather: 100", "block_size.gather"),
         ("fps: 1024", "fps: 2048", "block_size.fps"),
-        ("nms: 64", "nms: 32\n  # was 64", "block_size.nms"), // below nms_tile 64
+        ("neighbors: 256", "neighbors: 48", "block_size.neighbors"),
         ("  gather: 4", "  gather: 0", "items_per_thread.gather"),
         ("hash_load_factor: 0.5", "hash_load_factor: 0.95", "hash_load_factor"),
-        ("fps_tile: 2048", "fps_tile: 1000", "fps_tile"),
-        ("nms_tile: 64", "nms_tile: 48", "nms_tile"),
         ("points: 262144", "points: 0", "pools.points"),
         ("pinned_slots: 3", "pinned_slots: 1", "pools.pinned_slots"),
         ("name: x86_64", "name: ''", "name"),
@@ -106,10 +104,22 @@ fn bad_profile_values_name_the_key() {
         assert!(e.to_string().contains(key), "{e}");
     }
     // Unknown and missing keys: serde names them.
-    let e = with_replaced("nms_tile: 64", "nms_tile: 64\nnms_tiles: 64").unwrap_err();
-    assert!(e.to_string().contains("nms_tiles"), "{e}");
-    let e = with_replaced("fps_tile: 2048", "").unwrap_err();
-    assert!(e.to_string().contains("fps_tile"), "{e}");
+    let e = with_replaced("hash_load_factor: 0.5", "hash_load_factor: 0.5\nhash_load_factors: 0.5").unwrap_err();
+    assert!(e.to_string().contains("hash_load_factors"), "{e}");
+    let e = with_replaced("hash_load_factor: 0.5", "").unwrap_err();
+    assert!(e.to_string().contains("hash_load_factor"), "{e}");
+    // Keys no kernel and no host code reads are gone: a profile naming one is refused.
+    for (after, gone) in [
+        ("hash_load_factor: 0.5", "fps_tile: 2048"),
+        ("hash_load_factor: 0.5", "nms_tile: 64"),
+        ("  neighbors: 256", "  nms: 64"),
+        ("  points: 262144", "  voxels: 160000"),
+        ("  points: 262144", "  boxes: 8192"),
+    ] {
+        let e = with_replaced(after, &format!("{after}\n{gone}")).unwrap_err();
+        let key = gone.trim().split(':').next().unwrap();
+        assert!(e.to_string().contains(key), "{gone}: {e}");
+    }
     let e = with_replaced("gather: 256", "gather: -1").unwrap_err();
     assert!(e.to_string().contains("gather"), "{e}");
 }
@@ -118,20 +128,25 @@ fn bad_profile_values_name_the_key() {
 fn cache_key_changes_with_each_input() {
     let p = KernelProfile::builtin("x86_64").unwrap();
     let o = compile_options("sm_90", &p);
-    let k = cache_key("src", "sm_90", (12, 9), &o);
+    let h: &[(&str, &str)] = &[("common.cuh", "int a;")];
+    let k = cache_key("src", h, "sm_90", (12, 9), &o);
     assert_eq!(k.len(), 64);
-    assert_eq!(k, cache_key("src", "sm_90", (12, 9), &o), "deterministic");
-    assert_ne!(k, cache_key("src ", "sm_90", (12, 9), &o), "source");
-    assert_ne!(k, cache_key("src", "sm_87", (12, 9), &o), "arch");
-    assert_ne!(k, cache_key("src", "sm_90", (12, 8), &o), "nvrtc version");
-    assert_ne!(k, cache_key("src", "sm_90", (13, 0), &o), "nvrtc major");
+    assert_eq!(k, cache_key("src", h, "sm_90", (12, 9), &o), "deterministic");
+    assert_ne!(k, cache_key("src ", h, "sm_90", (12, 9), &o), "source");
+    assert_ne!(k, cache_key("src", &[("common.cuh", "int b;")], "sm_90", (12, 9), &o), "header text");
+    assert_ne!(k, cache_key("src", &[("other.cuh", "int a;")], "sm_90", (12, 9), &o), "header name");
+    assert_ne!(k, cache_key("src", &[], "sm_90", (12, 9), &o), "no header");
+    assert_ne!(k, cache_key("src", h, "sm_87", (12, 9), &o), "arch");
+    assert_ne!(k, cache_key("src", h, "sm_90", (12, 8), &o), "nvrtc version");
+    assert_ne!(k, cache_key("src", h, "sm_90", (13, 0), &o), "nvrtc major");
     let orin = KernelProfile::builtin("orin").unwrap();
-    assert_ne!(k, cache_key("src", "sm_90", (12, 9), &compile_options("sm_90", &orin)), "profile");
+    assert_ne!(k, cache_key("src", h, "sm_90", (12, 9), &compile_options("sm_90", &orin)), "profile");
     let mut p2 = p.clone();
-    p2.fps_tile = 1024;
-    assert_ne!(k, cache_key("src", "sm_90", (12, 9), &compile_options("sm_90", &p2)), "one profile value");
+    p2.block_size.neighbors = 128;
+    assert_ne!(k, cache_key("src", h, "sm_90", (12, 9), &compile_options("sm_90", &p2)), "one profile value");
     // Concatenation ambiguity: parts are length-prefixed.
-    assert_ne!(cache_key("ab", "c", (1, 0), &[]), cache_key("a", "bc", (1, 0), &[]));
+    assert_ne!(cache_key("ab", &[], "c", (1, 0), &[]), cache_key("a", &[], "bc", (1, 0), &[]));
+    assert_ne!(cache_key("a", &[("b", "c")], "d", (1, 0), &[]), cache_key("a", &[("bc", "")], "d", (1, 0), &[]));
 }
 
 #[test]
@@ -147,7 +162,14 @@ fn compile_options_are_bit_exact() {
     ] {
         assert!(o.iter().any(|x| x == want), "{want} missing from {o:?}");
     }
-    assert!(o.iter().any(|x| x == "-DHASH_LOAD_FACTOR=0.500000f"), "{o:?}");
+    // Only values a kernel reads are defines (the hash load factor is read on the host).
+    for gone in ["-DHASH_LOAD_FACTOR", "-DFPS_TILE", "-DNMS_TILE", "-DNMS_BLOCK"] {
+        assert!(!o.iter().any(|x| x.starts_with(gone)), "{gone} in {o:?}");
+    }
+    for d in KernelProfile::builtin("xavier").unwrap().defines() {
+        let name = d.trim_start_matches("-D").split('=').next().unwrap().to_string();
+        assert!(KERNELS.iter().any(|k| k.source.contains(&name)), "{name}: no kernel reads it");
+    }
 }
 
 #[test]
@@ -155,8 +177,20 @@ fn kernel_registry_lists_every_file() {
     let names: Vec<_> = KERNELS.iter().map(|k| k.module).collect();
     assert_eq!(names, ["gather", "voxel", "fps", "neighbors", "nms"]);
     assert!(kernels::kernel("gather").unwrap().source.contains("gather_compact"));
-    let on_disk = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda")).unwrap().count();
-    assert_eq!(on_disk, KERNELS.len(), "every cuda/*.cu file must be registered in src/gpu/kernels.rs");
+    let files: Vec<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let cu = files.iter().filter(|f| f.ends_with(".cu")).count();
+    assert_eq!(cu, KERNELS.len(), "every cuda/*.cu file must be registered in src/gpu/kernels.rs");
+    let cuh: Vec<&String> = files.iter().filter(|f| !f.ends_with(".cu")).collect();
+    assert_eq!(cuh.len(), kernels::HEADERS.len(), "every other file in cuda/ is a registered header: {cuh:?}");
+    for f in cuh {
+        assert!(kernels::HEADERS.iter().any(|(n, _)| n == f), "{f} is not in kernels::HEADERS");
+    }
+    for k in KERNELS {
+        assert!(k.source.contains("#include \"common.cuh\""), "{} does not include common.cuh", k.file);
+    }
 }
 
 #[test]

@@ -1,7 +1,10 @@
-//! The operators' CPU reference. Each operator has one parameter struct (serde, validated), one
-//! output struct and its exact semantics in its doc comment: this code is the oracle that every
-//! other backend must reproduce bit for bit on integer outputs.
+//! The operators, one folder per family: `<family>/mod.rs` holds the parameter structs (serde,
+//! validated), the output structs, the exact semantics (doc comments) and the CPU reference, the
+//! oracle that every other backend must reproduce bit for bit on integer outputs;
+//! `<family>/cuda.rs` holds the CUDA launcher of the family's kernels (`cuda/<family>.cu`), on
+//! the runtime of [`crate::gpu`].
 
+pub mod backend;
 pub mod fps;
 pub mod neighbors;
 pub mod nms;
@@ -25,4 +28,9 @@ impl ParamError {
 /// Implemented by every parameter struct; called before an operator runs and when config loads.
 pub trait Validate {
     fn validate(&self) -> Result<(), ParamError>;
+}
+
+/// A parameter error met by a CUDA launcher, as the backend's error.
+pub(crate) fn param_err(e: ParamError) -> crate::gpu::GpuError {
+    crate::gpu::GpuError::Unsupported(format!("invalid parameter: {e}"))
 }

@@ -1,27 +1,35 @@
-//! The pipeline configuration (YAML, serde_yaml). Every key has a default; unknown keys and values
-//! out of range are refused with the key's full path and the allowed range.
+//! The pipeline configuration (YAML, serde_yaml). Every key is optional: the input's tree is merged
+//! over the defaults' tree (mappings key by key, anything else replaces), so a partial section keeps
+//! the defaults of the keys it leaves out. Unknown keys, values of the wrong type, values out of
+//! range and stage combinations that cannot run are refused with the key's full path, once.
 //!
 //! serde ignores `deny_unknown_fields` through `flatten`, so unknown keys are found by comparing
-//! the input's keys with those of the parsed config serialized back.
+//! the input's keys with the defaults' tree.
 
+use super::stages::{self, StageRuleError};
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::{BallQueryParams, KnnParams};
 use crate::ops::nms::{NmsKind, NmsParams};
 use crate::ops::voxel::{HardVoxelParams, VoxelGrid};
 use crate::ops::{ParamError, Validate};
 use serde::{Deserialize, Serialize};
+use serde_yaml::Value;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
-    Read { path: String, source: std::io::Error },
-    #[error("config {path}: {source}")]
-    Parse { path: String, source: serde_yaml::Error },
+    #[error("cannot read config {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("config {path}: {message}")]
+    Parse { path: String, message: String },
     #[error("config {path}: unknown key '{key}'")]
     UnknownKey { path: String, key: String },
+    #[error("config {path}: {key}: {message}")]
+    BadValue { path: String, key: String, message: String },
     #[error("config {path}: {section}.{source}")]
     Invalid { path: String, section: &'static str, source: ParamError },
+    #[error("config {path}: {source}")]
+    Stages { path: String, source: StageRuleError },
 }
 
 /// Which voxelization the `voxelize` stage runs.
@@ -81,13 +89,26 @@ impl Default for DownsampleStage {
 #[serde(default)]
 pub struct FpsStage {
     pub enabled: bool,
+    /// The cloud FPS samples from; the neighbourhoods are searched in the same cloud.
+    pub input: FpsInput,
     #[serde(flatten)]
     pub params: FpsParams,
 }
 
+/// Which cloud the FPS stage (and with it the neighbour search) works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FpsInput {
+    /// The gathered input cloud.
+    #[default]
+    Cloud,
+    /// The voxel-grid downsampled cloud (PointNet++-style models); needs `downsample.enabled`.
+    Downsampled,
+}
+
 impl Default for FpsStage {
     fn default() -> Self {
-        Self { enabled: true, params: FpsParams { num_samples: 4096, start_index: 0 } }
+        Self { enabled: true, input: FpsInput::Cloud, params: FpsParams { num_samples: 4096, start_index: 0 } }
     }
 }
 
@@ -167,22 +188,51 @@ impl Default for PipelineConfig {
 }
 
 impl PipelineConfig {
+    /// Parses `text` (label `path` in errors) and merges it over the defaults.
     pub fn from_yaml(text: &str, path: &str) -> Result<Self, ConfigError> {
-        let parse_err = |source| ConfigError::Parse { path: path.to_string(), source };
-        let input: serde_yaml::Value = serde_yaml::from_str(text).map_err(parse_err)?;
-        let cfg: Self = serde_yaml::from_value(input.clone()).map_err(parse_err)?;
-        let known = serde_yaml::to_value(&cfg).map_err(parse_err)?;
-        if let Some(key) = first_unknown_key(&input, &known, "") {
-            return Err(ConfigError::UnknownKey { path: path.to_string(), key });
+        let input: Value =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        Self::from_tree(input, path)
+    }
+
+    /// A configuration from a YAML tree (a config file's, or the ROS parameters written into one):
+    /// unknown keys refused, the tree merged over the defaults, then deserialized and validated.
+    pub fn from_tree(input: Value, path: &str) -> Result<Self, ConfigError> {
+        let input = match input {
+            Value::Null => Value::Mapping(Default::default()),
+            m @ Value::Mapping(_) => m,
+            other => {
+                return Err(ConfigError::Parse {
+                    path: path.into(),
+                    message: format!("expected a mapping of sections, found {}", yaml_kind(&other)),
+                })
+            }
+        };
+        let mut tree = Self::default_tree();
+        if let Some(key) = first_unknown_key(&input, &tree, "") {
+            return Err(ConfigError::UnknownKey { path: path.into(), key });
         }
-        cfg.validate().map_err(|(section, source)| ConfigError::Invalid { path: path.to_string(), section, source })?;
+        merge(&mut tree, input);
+        let cfg: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
+            let key = e.path().to_string();
+            let message = e.into_inner().to_string();
+            ConfigError::BadValue { path: path.into(), key, message }
+        })?;
+        cfg.validate().map_err(|(section, source)| ConfigError::Invalid { path: path.into(), section, source })?;
+        stages::check_rules(&cfg).map_err(|source| ConfigError::Stages { path: path.into(), source })?;
         Ok(cfg)
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: p.clone(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: p.clone(), message: e.to_string() })?;
         Self::from_yaml(&text, &p)
+    }
+
+    /// The defaults as a YAML tree: every key a configuration may have.
+    pub fn default_tree() -> Value {
+        serde_yaml::to_value(Self::default()).expect("the default configuration serializes")
     }
 
     /// Validates every stage, enabled or not, so a config cannot hide a bad value behind a switch.
@@ -197,9 +247,38 @@ impl PipelineConfig {
     }
 }
 
-/// The first key path present in `input` but not in `known` (the parsed config written back).
-fn first_unknown_key(input: &serde_yaml::Value, known: &serde_yaml::Value, prefix: &str) -> Option<String> {
-    let (serde_yaml::Value::Mapping(input), serde_yaml::Value::Mapping(known)) = (input, known) else {
+fn yaml_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a sequence",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+/// Writes `over` onto `base`: mappings merge key by key, anything else replaces.
+pub fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// The first key path present in `input` but not in `known` (the defaults' tree).
+fn first_unknown_key(input: &Value, known: &Value, prefix: &str) -> Option<String> {
+    let (Value::Mapping(input), Value::Mapping(known)) = (input, known) else {
         return None;
     };
     input.iter().find_map(|(k, v)| {

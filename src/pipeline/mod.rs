@@ -4,26 +4,22 @@
 pub mod config;
 pub mod engine;
 pub mod outputs;
+pub mod stages;
 pub mod stats;
 
-pub use config::{ConfigError, NeighborMode, PipelineConfig, VoxelMode};
+pub use config::{ConfigError, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 pub use engine::Engine;
+pub use stages::{
+    StageResults, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
+    VOXEL_FEATURES_TOPIC,
+};
 pub use stats::{LatencySamples, PipelineStats};
 
-use crate::cloud::{validate, Cloud, CloudError, Gathered, Header, PointCloud2, PointLayout};
-use crate::gpu::GpuError;
-use crate::ops::fps::FpsOutput;
-use crate::ops::nms::{NmsError, NmsOutput};
+use crate::cloud::{CloudError, CloudView, Header, PointCloud2, SourceIndex};
+use crate::ops::backend::OpError;
+use crate::ops::nms::NmsOutput;
 use crate::ops::voxel::{DynamicVoxels, HardVoxels};
-use crate::ops::ParamError;
 use std::time::{Duration, Instant};
-
-/// Topics of the outputs, relative to the output namespace.
-pub const VOXELS_TOPIC: &str = "voxels";
-pub const DOWNSAMPLED_TOPIC: &str = "downsampled";
-pub const SAMPLES_TOPIC: &str = "samples";
-pub const NEIGHBORHOODS_TOPIC: &str = "neighborhoods";
-pub const BOXES_TOPIC: &str = "boxes";
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -31,14 +27,10 @@ pub enum FrameError {
     Malformed(#[from] CloudError),
     #[error("cloud has no channel '{0}' listed in `features`")]
     MissingFeature(String),
-    #[error("{0}")]
-    BadBoxes(String),
+    #[error("box records lack field '{0}'")]
+    BadBoxes(&'static str),
     #[error(transparent)]
-    Param(#[from] ParamError),
-    #[error(transparent)]
-    Nms(#[from] NmsError),
-    #[error("GPU: {0}")]
-    Gpu(GpuError),
+    Op(#[from] OpError),
 }
 
 /// Voxelization result of either mode.
@@ -53,19 +45,18 @@ pub enum Voxels {
 pub struct Neighborhoods {
     pub indices: Vec<i32>,
     pub width: usize,
+    /// Real neighbours (padding slots excluded: ball-query `first_found` padding repeats an index).
+    pub found: usize,
 }
 
-/// Everything one frame produced.
+/// Everything one frame produced: the validated input (its records feed the pass-through outputs)
+/// and the stages' results.
 #[derive(Debug, Clone)]
-pub struct FrameOutput {
-    pub header: Header,
-    pub layout: PointLayout,
-    pub input: Gathered,
-    pub voxels: Option<Voxels>,
-    pub downsampled: Option<Cloud>,
-    pub samples: Option<FpsOutput>,
-    pub neighborhoods: Option<Neighborhoods>,
-    pub timings: Vec<(&'static str, Duration)>,
+pub struct FrameOutput<'a> {
+    pub view: CloudView<'a>,
+    pub fps_input: FpsInput,
+    pub results: StageResults,
+    pub timings: Timings,
 }
 
 /// Per-stage wall times of one frame, in stage order.
@@ -82,32 +73,10 @@ fn timed<T>(timings: &mut Timings, stage: &'static str, f: impl FnOnce() -> T) -
 
 impl Voxels {
     pub fn len(&self) -> usize {
-        match self {
-            Voxels::Hard(v) => v.num_points.len(),
-            Voxels::Dynamic(v) => v.num_points.len(),
-        }
+        self.num_points().len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Per-voxel centroid of every feature channel: hard voxels average their valid slots (sum in
-    /// f64, slot order), dynamic voxels already carry the means.
-    pub fn centroids(&self, names: &[String]) -> Cloud {
-        match self {
-            Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
-            Voxels::Hard(v) => {
-                let (c, p) = (v.num_channels, v.max_points);
-                let mut means = Vec::with_capacity(v.num_points.len() * c);
-                for (vi, &n) in v.num_points.iter().enumerate() {
-                    for ch in 0..c {
-                        let sum: f64 = (0..n as usize).map(|s| v.features[(vi * p + s) * c + ch] as f64).sum();
-                        means.push((sum / n.max(1) as f64) as f32);
-                    }
-                }
-                Cloud::from_row_major(&means, c, names)
-            }
-        }
     }
 
     pub fn num_points(&self) -> &[u32] {
@@ -149,24 +118,31 @@ pub struct Pipeline {
 impl Pipeline {
     /// A pipeline on the CPU reference backend.
     pub fn new(config: PipelineConfig) -> Self {
-        Self::with_engine(config, Engine::Cpu)
+        Self::with_engine(config, Engine::cpu())
     }
 
     pub fn with_engine(config: PipelineConfig, engine: Engine) -> Self {
         Self { config, stats: PipelineStats::default(), engine }
     }
 
-    /// Decodes and processes one CDR-encoded PointCloud2. A malformed message is counted and
-    /// returned as an error; the pipeline stays usable.
-    pub fn process_cdr(&mut self, bytes: &[u8]) -> Result<FrameOutput, FrameError> {
+    /// Decodes, validates and processes one CDR-encoded PointCloud2. A malformed message is
+    /// counted and returned as an error; the pipeline stays usable.
+    pub fn process_cdr<'a>(&mut self, bytes: &'a [u8]) -> Result<FrameOutput<'a>, FrameError> {
         self.stats.clouds_received += 1;
-        let result = self.process_inner(bytes);
+        let mut timings = Vec::new();
+        let result = timed(&mut timings, "decode", || CloudView::decode(bytes))
+            .map_err(FrameError::from)
+            .and_then(|view| {
+                let results = self.engine.run(&self.config, &view, &mut timings)?;
+                Ok(FrameOutput { view, fps_input: self.config.fps.input, results, timings })
+            });
         match &result {
             Ok(out) => {
+                let r = &out.results;
                 self.stats.clouds_processed += 1;
-                self.stats.points_in += (out.input.cloud.len() + out.input.dropped_non_finite) as u64;
-                self.stats.points_non_finite += out.input.dropped_non_finite as u64;
-                if let Some(v) = &out.voxels {
+                self.stats.points_in += (r.points + r.dropped_non_finite) as u64;
+                self.stats.points_non_finite += r.dropped_non_finite as u64;
+                if let Some(v) = &r.voxels {
                     self.stats.points_out_of_range += v.dropped_out_of_range() as u64;
                     self.stats.points_over_capacity += v.dropped_capacity() as u64;
                 }
@@ -182,33 +158,14 @@ impl Pipeline {
         result
     }
 
-    fn process_inner(&mut self, bytes: &[u8]) -> Result<FrameOutput, FrameError> {
-        let mut timings = Vec::new();
-        let (msg, layout) = timed(&mut timings, "decode", || -> Result<_, CloudError> {
-            let msg = PointCloud2::from_cdr(bytes)?;
-            let layout = validate(&msg)?;
-            Ok((msg, layout))
-        })?;
-        let r = self.engine.run(&self.config, &msg, &mut timings)?;
-        Ok(FrameOutput {
-            header: msg.header,
-            layout,
-            input: r.input,
-            voxels: r.voxels,
-            downsampled: r.downsampled,
-            samples: r.samples,
-            neighborhoods: r.neighborhoods,
-            timings,
-        })
-    }
-
     /// Runs NMS over one CDR-encoded PointCloud2 of box records; returns the kept boxes' message.
     pub fn process_boxes_cdr(&mut self, bytes: &[u8]) -> Result<(Header, NmsOutput, PointCloud2<'static>), FrameError> {
-        let (header, g) = Cloud::from_cdr(bytes).inspect_err(|_| self.stats.malformed += 1)?;
-        let (boxes, scores, labels) = outputs::boxes_from_cloud(&g.cloud).map_err(|e| {
-            self.stats.malformed += 1;
-            FrameError::BadBoxes(e)
-        })?;
+        let parsed = CloudView::decode(bytes).map_err(FrameError::from).and_then(|view| {
+            let g = view.gather();
+            let boxes = outputs::boxes_from_cloud(&g.cloud).map_err(FrameError::BadBoxes)?;
+            Ok((view.msg.header, boxes))
+        });
+        let (header, (boxes, scores, labels)) = parsed.inspect_err(|_| self.stats.malformed += 1)?;
         let t = Instant::now();
         let kept = self.engine.nms(&boxes, &scores, &labels, &self.config.nms.params)?;
         self.stats.record_stage("nms", t.elapsed());
@@ -223,33 +180,50 @@ impl Pipeline {
     }
 }
 
-/// FPS indices without the -1 padding, as `usize`.
-pub fn valid_indices(indices: &[i32]) -> Vec<usize> {
-    indices.iter().filter(|&&i| i >= 0).map(|&i| i as usize).collect()
-}
+impl FrameOutput<'_> {
+    pub fn header(&self) -> &Header {
+        &self.view.msg.header
+    }
 
-impl FrameOutput {
-    /// Every output as (topic, message), in a fixed order.
+    /// Sampled points (padding excluded).
+    pub fn sample_count(&self) -> Option<usize> {
+        self.results.samples.as_ref().map(|s| s.iter().take_while(|&&i| i >= 0).count())
+    }
+
+    /// Every output as (topic, message), in a fixed order. `feature_names` names the voxel
+    /// feature channels after x, y, z (the configuration's `features`).
     pub fn messages(&self, feature_names: &[String]) -> Vec<(&'static str, PointCloud2<'static>)> {
-        let h = &self.header;
-        let cloud = &self.input.cloud;
+        let h = self.header();
+        let r = &self.results;
+        let source = self.view.source_indices(r.dropped_non_finite);
         let mut out = Vec::new();
-        if let Some(v) = &self.voxels {
+        if let Some(v) = &r.voxels {
             let mut names: Vec<String> = vec!["x".into(), "y".into(), "z".into()];
             names.extend(feature_names.iter().cloned());
-            out.push((VOXELS_TOPIC, outputs::voxels_message(h, &v.centroids(&names), v.num_points(), v.coords())));
+            out.push((VOXELS_TOPIC, outputs::voxels_message(h, v, &names)));
+            if let Voxels::Hard(hard) = v {
+                out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names)));
+            }
         }
-        if let Some(d) = &self.downsampled {
-            out.push((DOWNSAMPLED_TOPIC, outputs::points_message(h, d, &self.layout)));
+        let downsampled = r.downsampled.as_ref().map(|dv| {
+            let msg = outputs::downsampled_message(h, &self.view, &source, dv, &r.channel_names);
+            CloudView::new(msg).expect("the downsampled message has the input's validated layout")
+        });
+        if let Some(d) = &downsampled {
+            out.push((DOWNSAMPLED_TOPIC, d.msg.clone()));
         }
-        if let Some(s) = &self.samples {
-            out.push((
-                SAMPLES_TOPIC,
-                outputs::points_message(h, &cloud.select(&valid_indices(&s.indices)), &self.layout),
-            ));
-        }
-        if let Some(n) = &self.neighborhoods {
-            out.push((NEIGHBORHOODS_TOPIC, outputs::neighborhoods_message(h, cloud, &n.indices, n.width)));
+        // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
+        let (searched, searched_source) = match (self.fps_input, &downsampled) {
+            (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
+            _ => (&self.view, source),
+        };
+        if let (Some(s), Some(k)) = (&r.samples, self.sample_count()) {
+            let picks = s[..k].iter().map(|&i| searched_source.get(i as usize));
+            out.push((SAMPLES_TOPIC, crate::cloud::select_records(h, searched, picks)));
+            if let Some(n) = &r.neighborhoods {
+                let msg = outputs::neighborhoods_message(h, searched, &searched_source, &s[..k], n);
+                out.push((NEIGHBORHOODS_TOPIC, msg));
+            }
         }
         out
     }

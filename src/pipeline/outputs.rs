@@ -1,92 +1,225 @@
 //! Operator results as PointCloud2 messages: the topics `replay` writes and the nodes publish.
-//! Integer values (indices, counts, coordinates) travel in INT32/UINT32 fields; the cloud type is
-//! float32, exact for integers below 2^24 (16.7 M points), far above any lidar scan.
+//! Integer values (indices, counts, coordinates) are written as INT32/UINT32 from the integers
+//! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
-use crate::cloud::{CdrWriter, Cloud, Datatype, Header, PointCloud2, PointField, PointLayout};
+use super::{Neighborhoods, Voxels};
+use crate::cloud::{write_field, CdrWriter, Cloud, CloudView, Datatype, Header, PointCloud2, PointField, SourceIndex};
 use crate::ops::nms::Box3d;
+use crate::ops::voxel::{DynamicVoxels, HardVoxels};
+use std::borrow::Cow;
 
 /// Fields of a box record, the format boxes travel in between programs.
 pub const BOX_FIELDS: [&str; 9] = ["x", "y", "z", "length", "width", "height", "yaw", "score", "label"];
 
-fn layout(fields: &[(&str, Datatype)]) -> PointLayout {
-    let mut offset = 0;
-    let fields = fields
-        .iter()
-        .map(|(name, dt)| {
-            let f = PointField::new(name, offset, *dt);
-            offset += dt.size();
-            f
-        })
-        .collect();
-    PointLayout { fields, point_step: offset, big_endian: false }
+/// One column of a packed message.
+enum Column<'a> {
+    F32(Cow<'a, [f32]>),
+    I32(Cow<'a, [i32]>),
+    U32(Cow<'a, [u32]>),
 }
 
-/// One point per voxel: centroid x, y, z, mean intensity (when the features have one), the number of
-/// points and the voxel's grid coordinates.
-pub fn voxels_message(
-    header: &Header,
-    centroids: &Cloud,
-    num_points: &[u32],
-    coords_zyx: &[[i32; 3]],
-) -> PointCloud2<'static> {
-    use Datatype::*;
-    let mut fields = vec![("x", Float32), ("y", Float32), ("z", Float32)];
-    let mut cloud = Cloud::from_xyz(centroids.x().to_vec(), centroids.y().to_vec(), centroids.z().to_vec());
-    if let Some(i) = centroids.intensity() {
-        fields.push(("intensity", Float32));
-        cloud = cloud.with_channel("intensity", i.to_vec());
+impl Column<'_> {
+    fn datatype(&self) -> Datatype {
+        match self {
+            Column::F32(_) => Datatype::Float32,
+            Column::I32(_) => Datatype::Int32,
+            Column::U32(_) => Datatype::Uint32,
+        }
     }
-    fields.extend([("num_points", Uint32), ("voxel_z", Int32), ("voxel_y", Int32), ("voxel_x", Int32)]);
-    let cloud = cloud
-        .with_channel("num_points", num_points.iter().map(|&n| n as f32).collect())
-        .with_channel("voxel_z", coords_zyx.iter().map(|c| c[0] as f32).collect())
-        .with_channel("voxel_y", coords_zyx.iter().map(|c| c[1] as f32).collect())
-        .with_channel("voxel_x", coords_zyx.iter().map(|c| c[2] as f32).collect());
-    PointCloud2::from_cloud(header.clone(), &cloud, &layout(&fields))
+    fn len(&self) -> usize {
+        match self {
+            Column::F32(v) => v.len(),
+            Column::I32(v) => v.len(),
+            Column::U32(v) => v.len(),
+        }
+    }
+    fn put(&self, i: usize, at: &mut [u8]) {
+        let b = match self {
+            Column::F32(v) => v[i].to_le_bytes(),
+            Column::I32(v) => v[i].to_le_bytes(),
+            Column::U32(v) => v[i].to_le_bytes(),
+        };
+        at[..4].copy_from_slice(&b);
+    }
 }
 
-/// Points in the input's own field layout (so downstream code sees the fields it already knows).
-pub fn points_message(header: &Header, cloud: &Cloud, input_layout: &PointLayout) -> PointCloud2<'static> {
-    PointCloud2::from_cloud(header.clone(), cloud, input_layout)
+/// A little-endian message of packed 4-byte fields, `height` rows of `width` points (row-major).
+fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str, Column<'_>)]) -> PointCloud2<'static> {
+    let n = height * width;
+    assert!(columns.iter().all(|(_, c)| c.len() == n), "column lengths");
+    let fields: Vec<PointField> =
+        columns.iter().enumerate().map(|(k, (name, c))| PointField::new(name, 4 * k as u32, c.datatype())).collect();
+    let step = 4 * columns.len();
+    let mut data = vec![0u8; step * n];
+    for (i, rec) in data.chunks_exact_mut(step).enumerate() {
+        for (k, (_, c)) in columns.iter().enumerate() {
+            c.put(i, &mut rec[4 * k..]);
+        }
+    }
+    PointCloud2 {
+        header: header.clone(),
+        height: height as u32,
+        width: width as u32,
+        fields,
+        is_bigendian: false,
+        point_step: step as u32,
+        row_step: (step * width) as u32,
+        data: Cow::Owned(data),
+        is_dense: true,
+    }
 }
 
-/// Neighbourhoods as an organized cloud, the grouping a PointNet++ layer consumes: row q holds the
-/// `width` neighbours of query q (x, y, z and the point index); padding slots have index -1 and NaN
-/// coordinates, so the message is not dense.
-pub fn neighborhoods_message(header: &Header, points: &Cloud, indices: &[i32], width: usize) -> PointCloud2<'static> {
-    use Datatype::*;
-    let pick =
-        |col: &[f32]| -> Vec<f32> { indices.iter().map(|&i| if i < 0 { f32::NAN } else { col[i as usize] }).collect() };
-    let cloud = Cloud::from_xyz(pick(points.x()), pick(points.y()), pick(points.z()))
-        .with_channel("index", indices.iter().map(|&i| i as f32).collect());
-    let layout = layout(&[("x", Float32), ("y", Float32), ("z", Float32), ("index", Int32)]);
-    let mut msg = PointCloud2::from_cloud(header.clone(), &cloud, &layout);
-    let rows = if width == 0 { 0 } else { indices.len() / width };
-    msg.height = rows as u32;
-    msg.width = width as u32;
-    msg.row_step = layout.point_step * width as u32;
-    msg.is_dense = !indices.iter().any(|&i| i < 0);
+/// Per-voxel centroid of every feature channel: hard voxels average their valid slots (sum in f64,
+/// slot order), dynamic voxels already carry the means.
+fn centroids(v: &Voxels, names: &[String]) -> Cloud {
+    match v {
+        Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
+        Voxels::Hard(v) => {
+            let (c, p) = (v.num_channels, v.max_points);
+            let mut means = Vec::with_capacity(v.num_points.len() * c);
+            for (vi, &n) in v.num_points.iter().enumerate() {
+                for ch in 0..c {
+                    let sum: f64 = (0..n as usize).map(|s| v.features[(vi * p + s) * c + ch] as f64).sum();
+                    means.push((sum / n.max(1) as f64) as f32);
+                }
+            }
+            Cloud::from_row_major(&means, c, names)
+        }
+    }
+}
+
+/// `voxels`: one point per voxel, in voxel order (row v of `voxel_features` for hard voxels):
+/// centroid x, y, z, mean intensity (when the features have one), `num_points` (UINT32) and the
+/// grid coordinates `voxel_z`, `voxel_y`, `voxel_x` (INT32).
+pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> PointCloud2<'static> {
+    let c = centroids(voxels, names);
+    let coord = |k: usize| Column::I32(voxels.coords().iter().map(|v| v[k]).collect());
+    let mut columns = vec![("x", Column::F32(c.x().into())), ("y", Column::F32(c.y().into())), ("z", Column::F32(c.z().into()))];
+    if let Some(i) = c.intensity() {
+        columns.push(("intensity", Column::F32(i.into())));
+    }
+    columns.extend([
+        ("num_points", Column::U32(voxels.num_points().into())),
+        ("voxel_z", coord(0)),
+        ("voxel_y", coord(1)),
+        ("voxel_x", coord(2)),
+    ]);
+    packed_message(header, 1, voxels.len(), &columns)
+}
+
+/// `voxel_features`: the hard voxels' `[V, P, C]` features as an organized cloud, height V (one row
+/// per voxel, in the order of `voxels`), width P (`max_points_per_voxel`), one FLOAT32 field per
+/// channel (x, y, z, then `features`); slots past a voxel's `num_points` are zero, as a
+/// PointPillars network expects them, and make the message not dense.
+pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String]) -> PointCloud2<'static> {
+    let (p, c) = (v.max_points, v.num_channels);
+    let columns: Vec<(&str, Column)> = names
+        .iter()
+        .take(c)
+        .enumerate()
+        .map(|(k, name)| (name.as_str(), Column::F32(v.features.iter().skip(k).step_by(c).copied().collect())))
+        .collect();
+    let mut msg = packed_message(header, v.num_points.len(), p, &columns);
+    msg.is_dense = v.num_points.iter().all(|&n| n as usize == p);
+    msg
+}
+
+/// `downsampled`: one point per occupied voxel in the input's own layout. x, y, z are the
+/// float32 centroids; every other field is the mean of its points, written in the field's
+/// datatype (integers rounded to nearest): from the float32 channel for types float32 holds
+/// exactly, from the records' f64 values (summed in input order) for INT32, UINT32 and FLOAT64,
+/// so absolute FLOAT64 stamps and 32-bit counters keep their precision. Fields that are not
+/// channels (count > 1, repeated names) are zero.
+pub fn downsampled_message(
+    header: &Header,
+    view: &CloudView<'_>,
+    source: &SourceIndex,
+    dv: &DynamicVoxels,
+    channel_names: &[String],
+) -> PointCloud2<'static> {
+    let layout = &view.layout;
+    let (step, c, nv) = (layout.point_step as usize, dv.num_channels, dv.voxel_count());
+    let mut data = vec![0u8; step * nv];
+    for (k, f) in layout.channels().into_iter().enumerate().take(c) {
+        debug_assert_eq!(f.name, channel_names[k]);
+        let dt = Datatype::from_u8(f.datatype).expect("validated");
+        let values: Vec<f64> = if k >= 3 && dt.wider_than_f32() {
+            let mut sums = vec![0f64; nv];
+            for (p, &vox) in dv.point_voxel.iter().enumerate() {
+                if vox >= 0 {
+                    sums[vox as usize] += view.value(f, source.get(p));
+                }
+            }
+            sums.iter().zip(&dv.num_points).map(|(s, &n)| s / n as f64).collect()
+        } else {
+            (0..nv).map(|v| dv.means[v * c + k] as f64).collect()
+        };
+        for (rec, v) in data.chunks_exact_mut(step).zip(values) {
+            write_field(rec, f, v, layout.big_endian);
+        }
+    }
+    PointCloud2 {
+        header: header.clone(),
+        height: 1,
+        width: nv as u32,
+        fields: layout.fields.clone(),
+        is_bigendian: layout.big_endian,
+        point_step: step as u32,
+        row_step: (step * nv) as u32,
+        data: Cow::Owned(data),
+        is_dense: true,
+    }
+}
+
+/// `neighborhoods`: an organized cloud, the grouping a PointNet++ layer consumes. Row q holds the
+/// neighbours of sample q (`samples` point q): x, y, z, `index` (INT32, the neighbour's index in
+/// the searched cloud, -1 in KNN padding slots, whose coordinates are NaN), `query` (INT32, q) and
+/// `query_index` (INT32, the sample's own index in the searched cloud).
+pub fn neighborhoods_message(
+    header: &Header,
+    searched: &CloudView<'_>,
+    source: &SourceIndex,
+    samples: &[i32],
+    n: &Neighborhoods,
+) -> PointCloud2<'static> {
+    let xyz: Vec<[f32; 3]> =
+        n.indices.iter().map(|&i| if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) }).collect();
+    let axis = |a: usize| Column::F32(xyz.iter().map(|p| p[a]).collect());
+    let rows = if n.width == 0 { 0 } else { n.indices.len() / n.width };
+    let row_of = |f: &dyn Fn(usize) -> i32| Column::I32((0..rows * n.width).map(|s| f(s / n.width)).collect());
+    let columns = [
+        ("x", axis(0)),
+        ("y", axis(1)),
+        ("z", axis(2)),
+        ("index", Column::I32(n.indices.as_slice().into())),
+        ("query", row_of(&|q| q as i32)),
+        ("query_index", row_of(&|q| samples[q])),
+    ];
+    let mut msg = packed_message(header, rows, n.width, &columns);
+    msg.is_dense = !n.indices.iter().any(|&i| i < 0);
     msg
 }
 
 /// Box records (x y z length width height yaw score label).
 pub fn boxes_message(header: &Header, boxes: &[Box3d], scores: &[f32], labels: &[i32]) -> PointCloud2<'static> {
-    let col = |f: fn(&Box3d) -> f32| boxes.iter().map(f).collect::<Vec<f32>>();
-    let cloud = Cloud::from_xyz(col(|b| b.x), col(|b| b.y), col(|b| b.z))
-        .with_channel("length", col(|b| b.length))
-        .with_channel("width", col(|b| b.width))
-        .with_channel("height", col(|b| b.height))
-        .with_channel("yaw", col(|b| b.yaw))
-        .with_channel("score", scores.to_vec())
-        .with_channel("label", labels.iter().map(|&l| l as f32).collect());
-    let mut fields: Vec<(&str, Datatype)> = BOX_FIELDS[..8].iter().map(|n| (*n, Datatype::Float32)).collect();
-    fields.push(("label", Datatype::Int32));
-    PointCloud2::from_cloud(header.clone(), &cloud, &layout(&fields))
+    let col = |f: fn(&Box3d) -> f32| Column::F32(boxes.iter().map(f).collect());
+    let columns = [
+        ("x", col(|b| b.x)),
+        ("y", col(|b| b.y)),
+        ("z", col(|b| b.z)),
+        ("length", col(|b| b.length)),
+        ("width", col(|b| b.width)),
+        ("height", col(|b| b.height)),
+        ("yaw", col(|b| b.yaw)),
+        ("score", Column::F32(scores.into())),
+        ("label", Column::I32(labels.into())),
+    ];
+    packed_message(header, 1, boxes.len(), &columns)
 }
 
 /// Reads box records back (any layout carrying the box fields).
-pub fn boxes_from_cloud(cloud: &Cloud) -> Result<(Vec<Box3d>, Vec<f32>, Vec<i32>), String> {
-    let col = |name: &str| cloud.channel(name).ok_or_else(|| format!("box records lack field '{name}'"));
+pub fn boxes_from_cloud(cloud: &Cloud) -> Result<(Vec<Box3d>, Vec<f32>, Vec<i32>), &'static str> {
+    let col = |name: &'static str| cloud.channel(name).ok_or(name);
     let (l, w, h, yaw, score, label) =
         (col("length")?, col("width")?, col("height")?, col("yaw")?, col("score")?, col("label")?);
     let boxes = (0..cloud.len())

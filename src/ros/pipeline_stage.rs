@@ -454,7 +454,7 @@ impl Stage for PipelineStage {
                 let profile: ProfileChoice = target.parse().expect("infallible");
                 let engine = Engine::select(kind, profile).map_err(|e| anyhow!("parameter 'backend' = '{b}': {e}"))?;
                 self.backend = engine.describe();
-                if kind == BackendKind::Auto && matches!(engine, Engine::Cpu) {
+                if kind == BackendKind::Auto && matches!(engine, Engine::Cpu(_)) {
                     self.backend = "cpu (backend auto: no usable CUDA driver/NVRTC/GPU here)".into();
                 }
                 eprintln!("[{}] backend: {}", self.kind.name(), self.backend);

@@ -1,14 +1,15 @@
 //! Inputs and the comparison for the gather checks of `check-gpu`: the GPU gather of a message
 //! against the CPU reference bit for bit, and messages with unusual layouts.
 
-use super::{upload_and_gather, GpuContext, GpuError};
-use crate::cloud::{gather, Cloud, Datatype, Header, PointCloud2, PointField, PointLayout};
+use crate::gpu::{upload_and_gather, GpuContext, GpuError};
+use crate::cloud::{Cloud, CloudView, Datatype, Header, PointCloud2, PointField, PointLayout};
 use std::borrow::Cow;
 
 /// Compares the GPU result of `msg` with the CPU `gather` bit for bit; returns a mismatch text.
 pub fn compare_with_cpu(ctx: &GpuContext, msg: &PointCloud2<'_>) -> Result<Result<String, String>, GpuError> {
-    let cpu = gather(msg)?;
-    let dev = upload_and_gather(ctx, msg)?;
+    let view = CloudView::new(msg.clone())?;
+    let cpu = view.gather();
+    let dev = upload_and_gather(ctx, &view)?;
     let host = dev.to_host()?;
     if host.names() != cpu.cloud.names() {
         return Ok(Err(format!("names differ: gpu {:?} cpu {:?}", host.names(), cpu.cloud.names())));

@@ -3,7 +3,8 @@
 
 use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
 use super::smoke::{big_message, compare_with_cpu, exotic_message};
-use super::{fps, neighbors, nms, voxel, GpuContext, GpuError, GpuOptions, ProfileChoice};
+use super::{fps, neighbors, nms, voxel};
+use crate::gpu::{BackendKind, GpuContext, GpuError, GpuOptions, ProfileChoice};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
 use crate::pipeline::{Engine, Pipeline, PipelineConfig};
@@ -109,7 +110,7 @@ pub fn copy_bandwidth_gbs(ctx: &GpuContext) -> Result<f64, GpuError> {
 fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<BenchRow, GpuError> {
     let scan = load_ouster_bin(&ouster_dir.join(SCANS[0])).map_err(|e| GpuError::Unsupported(e.to_string()))?;
     let cdr = ouster_cloud_message(&scan, Header::default()).to_cdr();
-    let engine = Engine::select(super::BackendKind::Cuda, profile.parse().expect("infallible"))?;
+    let engine = Engine::select(BackendKind::Cuda, profile.parse().expect("infallible"))?;
     let mut pipeline = Pipeline::with_engine(PipelineConfig::default(), engine);
     let mut ms = Vec::new();
     for i in 0..60 {

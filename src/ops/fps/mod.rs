@@ -3,6 +3,8 @@
 //! Distances are [`dist2`] (squared Euclidean in f32, `(dx*dx + dy*dy) + dz*dz`, no FMA); see
 //! [`crate::ops::neighbors`] for the exact arithmetic a GPU port must reproduce.
 
+pub mod cuda;
+
 pub use super::neighbors::dist2;
 use super::neighbors::{for_each_row_block, MAX_POINTS};
 use super::{ParamError, Validate};
@@ -18,6 +20,20 @@ pub struct FpsParams {
     /// First sample (index local to each cloud). Default 0.
     #[serde(default)]
     pub start_index: usize,
+}
+
+impl FpsParams {
+    /// The parameters are valid for a cloud of `n` points (every backend checks this first).
+    pub fn check_cloud(&self, n: usize) -> Result<(), ParamError> {
+        self.validate()?;
+        if n > MAX_POINTS {
+            return Err(ParamError::new("points", n, "at most 2147483647 (2^31 - 1) points, indices are i32"));
+        }
+        if n > 0 && self.start_index >= n {
+            return Err(ParamError::new("start_index", self.start_index, &format!("must be less than the number of points ({n})")));
+        }
+        Ok(())
+    }
 }
 
 impl Validate for FpsParams {
@@ -75,14 +91,7 @@ pub struct BatchedFps {
 /// Errors: `N > 0` and `start_index >= N`; more than 2^31 - 1 points; invalid `params`.
 /// `N == 0` gives K times -1.
 pub fn farthest_point_sample(points: &Cloud, params: &FpsParams) -> Result<FpsOutput, ParamError> {
-    params.validate()?;
-    let n = points.len();
-    if n > MAX_POINTS {
-        return Err(ParamError::new("points", n, "at most 2147483647 (2^31 - 1) points, indices are i32"));
-    }
-    if n > 0 && params.start_index >= n {
-        return Err(ParamError::new("start_index", params.start_index, &format!("< number of points ({n})")));
-    }
+    params.check_cloud(points.len())?;
     let mut indices = vec![-1i32; params.num_samples];
     let mut min_dist = Vec::new();
     fps_slices(points.x(), points.y(), points.z(), params.start_index, &mut indices, &mut min_dist);

@@ -21,6 +21,8 @@
 //!
 //! Channels other than x, y, z are ignored.
 
+pub mod cuda;
+
 use super::{ParamError, Validate};
 use crate::cloud::Cloud;
 use serde::{Deserialize, Serialize};

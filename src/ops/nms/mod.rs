@@ -74,6 +74,8 @@
 //! `threshold = sqrt(r)`. (CenterPoint sorts with numpy's unstable argsort; ties here follow the
 //! rule above.)
 
+pub mod cuda;
+
 use super::{ParamError, Validate};
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +92,9 @@ pub struct Box3d {
     pub height: f32,
     pub yaw: f32,
 }
+
+// 7 f32, no padding: one box of the kernels' input (`nms_prep` in cuda/nms.cu reads `boxes + 7 * i`).
+const _: () = assert!(std::mem::size_of::<Box3d>() == 28);
 
 impl Box3d {
     pub const fn new(x: f32, y: f32, z: f32, length: f32, width: f32, height: f32, yaw: f32) -> Self {

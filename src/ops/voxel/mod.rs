@@ -11,6 +11,8 @@
 //! are numbered in the order of the input index of their first point, and the points inside a
 //! voxel keep their input order. (The hash map used internally is never iterated.)
 
+pub mod cuda;
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -489,7 +491,7 @@ impl Downsampled {
     /// The downsampled cloud of dynamic voxels: output point `v` has channel `k` =
     /// `dv.means[v * C + k]`. `names` names the `C` channels in order (x, y, z first; only the
     /// names of channels `3..C` are used, extra names are ignored). Shared by
-    /// [`voxel_grid_downsample`] and the GPU path (`gpu::voxel`), which builds `dv` on the device.
+    /// [`voxel_grid_downsample`] and the GPU path ([`cuda`]), which builds `dv` on the device.
     pub fn from_dynamic(dv: &DynamicVoxels, names: &[String]) -> Downsampled {
         let cloud = Cloud::from_row_major(&dv.means, dv.num_channels, names);
         Downsampled { cloud, dropped_out_of_range: dv.dropped_out_of_range }
@@ -617,7 +619,7 @@ mod tests {
 }
 
 /// fp16 copies of float features (round to nearest even, `half::f16::from_f32`) for fp16 networks,
-/// as the GPU backend emits them (`gpu::voxel::GpuVoxelizer::hard_features_f16`); geometry and
+/// as the GPU backend emits them ([`cuda::GpuVoxelizer::hard_features_f16`]); geometry and
 /// distances stay f32.
 pub fn features_f16(features: &[f32]) -> Vec<half::f16> {
     features.iter().map(|&v| half::f16::from_f32(v)).collect()

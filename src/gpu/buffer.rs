@@ -1,0 +1,163 @@
+//! Device buffers passed to kernels as plain pointers, and the device x, y, z view the point
+//! operators take. (The cudarc-tracked grow-only buffers, pools and pinned rings are in
+//! [`super::context`].)
+
+use super::gather::DeviceCloud;
+use super::{GpuContext, GpuError};
+use cudarc::driver::{result as drv, sys, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Device x, y, z columns: `x = data[0..len]`, `y = data[stride..stride + len]`,
+/// `z = data[2 * stride..2 * stride + len]` (the layout of a [`DeviceCloud`]).
+#[derive(Clone, Copy)]
+pub struct DeviceXyz<'a> {
+    pub data: &'a CudaSlice<f32>,
+    pub stride: usize,
+    pub len: usize,
+}
+
+impl<'a> DeviceXyz<'a> {
+    pub fn new(data: &'a CudaSlice<f32>, stride: usize, len: usize) -> Result<Self, GpuError> {
+        if len > stride || (len > 0 && data.len() < 2 * stride + len) {
+            return Err(GpuError::Unsupported(format!(
+                "device xyz: {len} points with stride {stride} need {} floats, buffer has {}",
+                2 * stride + len,
+                data.len()
+            )));
+        }
+        Ok(Self { data, stride, len })
+    }
+}
+
+impl<'a> From<&'a DeviceCloud> for DeviceXyz<'a> {
+    fn from(c: &'a DeviceCloud) -> Self {
+        Self { data: &c.data, stride: c.capacity, len: c.len }
+    }
+}
+
+/// Uploads host x, y, z columns as one device buffer (stride = len).
+pub fn upload_xyz(ctx: &GpuContext, x: &[f32], y: &[f32], z: &[f32]) -> Result<CudaSlice<f32>, GpuError> {
+    let n = x.len();
+    let mut all = Vec::with_capacity(3 * n.max(1));
+    all.extend_from_slice(x);
+    all.extend_from_slice(&y[..n]);
+    all.extend_from_slice(&z[..n]);
+    if all.is_empty() {
+        all.push(0.0);
+    }
+    Ok(ctx.stream.clone_htod(&all)?)
+}
+
+/// A grow-only raw device allocation, passed to kernels as a plain pointer (no cudarc event
+/// tracking). Allocated and freed in stream order on the owner's stream (pool allocations
+/// where the device supports them), zero-filled when (re)allocated.
+pub struct DevBuf<T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    pools: bool,
+    growths: u64,
+    _t: PhantomData<T>,
+}
+
+impl<T> DevBuf<T> {
+    pub(crate) fn new(stream: &Arc<CudaStream>, pools: bool) -> Self {
+        Self { ptr: 0, len: 0, stream: stream.clone(), pools, growths: 0, _t: PhantomData }
+    }
+
+    fn release(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let ptr = std::mem::replace(&mut self.ptr, 0);
+        self.len = 0;
+        let ctx = self.stream.context();
+        let r = ctx.bind_to_thread().and_then(|_| {
+            if self.pools {
+                // SAFETY: allocated by cuMemAllocAsync; freed after the stream's queued work.
+                unsafe { drv::free_async(ptr, self.stream.cu_stream()) }
+            } else {
+                self.stream.synchronize()?;
+                // SAFETY: allocated by cuMemAlloc; the stream's work on it has finished.
+                unsafe { drv::free_sync(ptr) }
+            }
+        });
+        ctx.record_err(r);
+    }
+
+    /// The device address (0 before the first `ensure`).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Capacity in elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many times the buffer was (re)allocated.
+    pub fn growths(&self) -> u64 {
+        self.growths
+    }
+
+    /// Zeroes the whole allocation (stream-ordered).
+    pub(crate) fn zero_all(&self) -> Result<(), GpuError> {
+        if self.ptr != 0 {
+            self.stream.context().bind_to_thread()?;
+            // SAFETY: ptr holds len elements.
+            unsafe { drv::memset_d8_async(self.ptr, 0, self.len * std::mem::size_of::<T>(), self.stream.cu_stream()) }?;
+        }
+        Ok(())
+    }
+
+    /// At least `len` elements (grow-only, by at least half); returns the device address.
+    pub(crate) fn ensure(&mut self, len: usize) -> Result<u64, GpuError> {
+        if self.len < len.max(1) {
+            let new_len = len.max(1).max(self.len + self.len / 2);
+            self.release();
+            let bytes = new_len * std::mem::size_of::<T>();
+            self.stream.context().bind_to_thread()?;
+            // SAFETY: plain allocation; zeroed in stream order before any kernel sees it.
+            let ptr = unsafe {
+                if self.pools {
+                    drv::malloc_async(self.stream.cu_stream(), bytes)
+                } else {
+                    drv::malloc_sync(bytes)
+                }
+            }?;
+            self.ptr = ptr;
+            self.len = new_len;
+            self.growths += 1;
+            self.zero_all()?;
+        }
+        Ok(self.ptr)
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits + Copy> DevBuf<T> {
+    /// Copies the first `len` elements to the host (waits for the stream).
+    pub fn to_host(&self, len: usize) -> Result<Vec<T>, GpuError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        assert!(len <= self.len, "DevBuf::to_host: {len} elements of {}", self.len);
+        // SAFETY: T is valid as all-zero bits.
+        let mut v = vec![unsafe { std::mem::zeroed::<T>() }; len];
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: ptr holds >= len elements; the copy completes before synchronize returns.
+        unsafe { drv::memcpy_dtoh_async(&mut v, self.ptr, self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(v)
+    }
+}
+
+impl<T> Drop for DevBuf<T> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

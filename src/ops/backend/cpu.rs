@@ -1,0 +1,133 @@
+//! The CPU reference backend: the operators of `ops`, on host clouds.
+
+use super::{Backend, OpError};
+use crate::cloud::{Cloud, CloudView};
+use crate::ops::fps::{farthest_point_sample, FpsParams};
+use crate::ops::neighbors::{ball_query, knn, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
+use crate::ops::voxel::{
+    pillar_features, voxelize_dynamic, voxelize_hard, DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures,
+    VoxelGrid,
+};
+
+/// The CPU reference backend: the operators of `ops`, on host clouds.
+#[derive(Debug, Default)]
+pub struct CpuBackend;
+
+/// A gathered host cloud and how many points the gather dropped.
+#[derive(Debug, Clone)]
+pub struct HostPoints {
+    pub cloud: Cloud,
+    pub dropped_non_finite: usize,
+}
+
+impl HostPoints {
+    fn subset(&self, channels: &[usize]) -> Cloud {
+        let mut out = Cloud::from_xyz(self.cloud.x().to_vec(), self.cloud.y().to_vec(), self.cloud.z().to_vec());
+        for &c in channels {
+            out = out.with_channel(&self.cloud.names()[c], self.cloud.columns()[c].clone());
+        }
+        out
+    }
+
+    fn queries(&self, samples: &[i32], n: usize) -> Cloud {
+        self.cloud.select(&samples[..n].iter().map(|&i| i as usize).collect::<Vec<_>>())
+    }
+}
+
+impl Backend for CpuBackend {
+    type Points = HostPoints;
+    type Samples = Vec<i32>;
+
+    fn describe(&self) -> String {
+        "cpu".into()
+    }
+
+    fn gather(&mut self, view: &CloudView<'_>) -> Result<HostPoints, OpError> {
+        let g = view.gather();
+        Ok(HostPoints { cloud: g.cloud, dropped_non_finite: g.dropped_non_finite })
+    }
+    fn len(&self, points: &HostPoints) -> usize {
+        points.cloud.len()
+    }
+    fn dropped_non_finite(&self, points: &HostPoints) -> usize {
+        points.dropped_non_finite
+    }
+    fn channel_names<'p>(&self, points: &'p HostPoints) -> &'p [String] {
+        points.cloud.names()
+    }
+
+    fn voxelize_hard(
+        &mut self,
+        points: &HostPoints,
+        channels: &[usize],
+        params: &HardVoxelParams,
+    ) -> Result<HardVoxels, OpError> {
+        Ok(voxelize_hard(&points.subset(channels), params)?)
+    }
+    fn voxelize_dynamic(
+        &mut self,
+        points: &HostPoints,
+        channels: &[usize],
+        grid: &VoxelGrid,
+    ) -> Result<DynamicVoxels, OpError> {
+        Ok(voxelize_dynamic(&points.subset(channels), grid))
+    }
+    fn downsample(
+        &mut self,
+        points: &HostPoints,
+        grid: &VoxelGrid,
+        keep: bool,
+    ) -> Result<(DynamicVoxels, Option<HostPoints>), OpError> {
+        let dv = voxelize_dynamic(&points.cloud, grid);
+        let kept = keep.then(|| HostPoints {
+            cloud: Cloud::from_row_major(&dv.means, dv.num_channels, points.cloud.names()),
+            dropped_non_finite: 0,
+        });
+        Ok((dv, kept))
+    }
+    fn pillar_features(
+        &mut self,
+        points: &HostPoints,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        with_range: bool,
+    ) -> Result<(HardVoxels, PillarFeatures), OpError> {
+        let voxels = voxelize_hard(&points.subset(channels), params)?;
+        let features = pillar_features(&voxels, &params.grid, with_range)?;
+        Ok((voxels, features))
+    }
+
+    fn fps(&mut self, points: &HostPoints, params: &FpsParams) -> Result<(Vec<i32>, Vec<i32>), OpError> {
+        let out = farthest_point_sample(&points.cloud, params)?;
+        Ok((out.indices.clone(), out.indices))
+    }
+    fn knn(
+        &mut self,
+        points: &HostPoints,
+        samples: &Vec<i32>,
+        queries: usize,
+        params: &KnnParams,
+    ) -> Result<Neighbors, OpError> {
+        Ok(knn(&points.cloud, &points.queries(samples, queries), params)?)
+    }
+    fn ball_query(
+        &mut self,
+        points: &HostPoints,
+        samples: &Vec<i32>,
+        queries: usize,
+        params: &BallQueryParams,
+    ) -> Result<BallQuery, OpError> {
+        Ok(ball_query(&points.cloud, &points.queries(samples, queries), params)?)
+    }
+
+    fn nms(
+        &mut self,
+        boxes: &[Box3d],
+        scores: &[f32],
+        classes: &[i32],
+        params: &NmsParams,
+    ) -> Result<NmsOutput, OpError> {
+        Ok(nms(boxes, scores, classes, params)?)
+    }
+}

@@ -1,0 +1,231 @@
+//! The CUDA backend: the family launchers (`ops::*::cuda`) over one context, with every scratch
+//! buffer kept across frames. The gathered cloud stays on the device; FPS indices feed the query
+//! selection on the device; only what is published is copied back.
+//!
+//! Parameters are checked with the CPU reference's own checks before anything is launched, so a
+//! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
+
+use super::{Backend, OpError};
+use crate::cloud::CloudView;
+use crate::gpu::{
+    select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, GpuContext, GpuError,
+    GrowBuffer, ProfileChoice,
+};
+use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
+use crate::ops::fps::FpsParams;
+use crate::ops::neighbors::cuda::{ball_query_with, knn_with, NeighborsScratch};
+use crate::ops::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::nms::cuda::DeviceNms;
+use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
+use crate::ops::voxel::cuda::GpuVoxelizer;
+use crate::ops::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
+use crate::ops::Validate;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+
+/// CUDA state kept across frames.
+pub struct CudaBackend {
+    pub ctx: GpuContext,
+    voxelizer: GpuVoxelizer,
+    downsampler: GpuVoxelizer,
+    fps: FpsScratch,
+    neighbors: NeighborsScratch,
+    nms: DeviceNms,
+    queries: GrowBuffer<f32>,
+    select_xyz: CudaFunction,
+}
+
+/// A cloud on the device: the gathered input, or a downsampled cloud's x, y, z (stride = len).
+pub enum DevicePoints {
+    Gathered(DeviceCloud),
+    Xyz { data: CudaSlice<f32>, len: usize, names: Vec<String> },
+}
+
+impl DevicePoints {
+    fn xyz(&self) -> Result<DeviceXyz<'_>, GpuError> {
+        match self {
+            DevicePoints::Gathered(c) => Ok(DeviceXyz::from(c)),
+            DevicePoints::Xyz { data, len, .. } => DeviceXyz::new(data, *len, *len),
+        }
+    }
+
+    /// The gathered cloud; voxelization runs on it only (the stage table never feeds it the
+    /// downsampled cloud).
+    fn gathered(&self) -> &DeviceCloud {
+        match self {
+            DevicePoints::Gathered(c) => c,
+            DevicePoints::Xyz { .. } => unreachable!("voxelization runs on the gathered cloud"),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// `Ok(None)` when `kind` and the machine say CPU (see [`select_backend`]).
+    pub fn select(kind: BackendKind, profile: ProfileChoice) -> Result<Option<Self>, GpuError> {
+        select_backend(kind, profile)?.map(Self::new).transpose()
+    }
+
+    pub fn new(ctx: GpuContext) -> Result<Self, GpuError> {
+        Ok(Self {
+            voxelizer: GpuVoxelizer::new(&ctx)?,
+            downsampler: GpuVoxelizer::new(&ctx)?,
+            fps: FpsScratch::new(&ctx)?,
+            neighbors: NeighborsScratch::new(&ctx)?,
+            nms: DeviceNms::new(&ctx)?,
+            queries: GrowBuffer::new(&ctx.stream, 3 * 4096)?,
+            select_xyz: ctx.function("gather", "select_xyz")?,
+            ctx,
+        })
+    }
+
+}
+
+/// Device x, y, z of the first `m` samples of the last FPS (in `fps`), as the neighbour queries.
+fn select_queries<'q>(
+    ctx: &GpuContext,
+    fps: &mut FpsScratch,
+    queries: &'q mut GrowBuffer<f32>,
+    select_xyz: &CudaFunction,
+    points: &DevicePoints,
+    m: usize,
+) -> Result<DeviceXyz<'q>, GpuError> {
+    let stream = &ctx.stream;
+    let src = points.xyz()?;
+    let out = queries.ensure(stream, 3 * m.max(1))?;
+    if m > 0 {
+        let idx = fps.indices(ctx)?;
+        let (stride, m32) = (src.stride as u64, m as u32);
+        let block = 256u32;
+        let cfg = LaunchConfig { grid_dim: (m32.div_ceil(block), 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        let mut l = stream.launch_builder(select_xyz);
+        l.arg(src.data).arg(&stride).arg(&idx).arg(&m32).arg(&mut *out);
+        // SAFETY: matches select_xyz in cuda/gather.cu; idx holds >= m valid indices < src.len,
+        // out holds 3 * m floats.
+        unsafe { l.launch(cfg) }?;
+    }
+    DeviceXyz::new(out, m, m)
+}
+
+impl Backend for CudaBackend {
+    type Points = DevicePoints;
+    /// The indices stay in the backend's FPS scratch until the next FPS.
+    type Samples = ();
+
+    fn describe(&self) -> String {
+        let c = &self.ctx;
+        format!("cuda {} ({}, profile {})", c.device_name, c.arch, c.profile.name)
+    }
+
+    fn gather(&mut self, view: &CloudView<'_>) -> Result<DevicePoints, OpError> {
+        Ok(DevicePoints::Gathered(upload_and_gather(&self.ctx, view)?))
+    }
+    fn len(&self, points: &DevicePoints) -> usize {
+        match points {
+            DevicePoints::Gathered(c) => c.len,
+            DevicePoints::Xyz { len, .. } => *len,
+        }
+    }
+    fn dropped_non_finite(&self, points: &DevicePoints) -> usize {
+        match points {
+            DevicePoints::Gathered(c) => c.dropped_non_finite,
+            DevicePoints::Xyz { .. } => 0,
+        }
+    }
+    fn channel_names<'p>(&self, points: &'p DevicePoints) -> &'p [String] {
+        match points {
+            DevicePoints::Gathered(c) => &c.names,
+            DevicePoints::Xyz { names, .. } => names,
+        }
+    }
+
+    fn voxelize_hard(
+        &mut self,
+        points: &DevicePoints,
+        channels: &[usize],
+        params: &HardVoxelParams,
+    ) -> Result<HardVoxels, OpError> {
+        params.validate()?;
+        self.voxelizer.hard_device(&self.ctx, points.gathered(), channels, params, true, None)?;
+        Ok(self.voxelizer.hard_to_host(&self.ctx)?.0)
+    }
+    fn voxelize_dynamic(
+        &mut self,
+        points: &DevicePoints,
+        channels: &[usize],
+        grid: &VoxelGrid,
+    ) -> Result<DynamicVoxels, OpError> {
+        grid.validate()?;
+        self.voxelizer.dynamic_device(&self.ctx, points.gathered(), channels, grid)?;
+        Ok(self.voxelizer.dynamic_to_host(&self.ctx)?)
+    }
+    fn downsample(
+        &mut self,
+        points: &DevicePoints,
+        grid: &VoxelGrid,
+        keep: bool,
+    ) -> Result<(DynamicVoxels, Option<DevicePoints>), OpError> {
+        grid.validate()?;
+        let cloud = points.gathered();
+        let others: Vec<usize> = (3..cloud.num_channels()).collect();
+        self.downsampler.dynamic_device(&self.ctx, cloud, &others, grid)?;
+        let dv = self.downsampler.dynamic_to_host(&self.ctx)?;
+        let kept = if keep {
+            let c = dv.num_channels;
+            let axis = |a: usize| dv.means.iter().skip(a).step_by(c).copied().collect::<Vec<f32>>();
+            let data = upload_xyz(&self.ctx, &axis(0), &axis(1), &axis(2))?;
+            Some(DevicePoints::Xyz { data, len: dv.voxel_count(), names: cloud.names.clone() })
+        } else {
+            None
+        };
+        Ok((dv, kept))
+    }
+    fn pillar_features(
+        &mut self,
+        points: &DevicePoints,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        with_range: bool,
+    ) -> Result<(HardVoxels, PillarFeatures), OpError> {
+        params.validate()?;
+        self.voxelizer.hard_device(&self.ctx, points.gathered(), channels, params, true, Some(with_range))?;
+        let (voxels, features) = self.voxelizer.hard_to_host(&self.ctx)?;
+        Ok((voxels, features.expect("pillar features were requested")))
+    }
+
+    fn fps(&mut self, points: &DevicePoints, params: &FpsParams) -> Result<(Vec<i32>, ()), OpError> {
+        let n = self.len(points);
+        params.check_cloud(n)?;
+        fps_enqueue(&self.ctx, &mut self.fps, points.xyz()?, &[0, n], params)?;
+        Ok((self.fps.download(&self.ctx)?, ()))
+    }
+    fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Neighbors, OpError> {
+        params.validate()?;
+        let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
+        let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
+        Ok(knn_with(ctx, neighbors, points.xyz()?, q, params)?)
+    }
+    fn ball_query(
+        &mut self,
+        points: &DevicePoints,
+        _: &(),
+        queries: usize,
+        params: &BallQueryParams,
+    ) -> Result<BallQuery, OpError> {
+        params.validate()?;
+        let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
+        let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
+        Ok(ball_query_with(ctx, neighbors, points.xyz()?, q, params)?)
+    }
+
+    fn nms(
+        &mut self,
+        boxes: &[Box3d],
+        scores: &[f32],
+        classes: &[i32],
+        params: &NmsParams,
+    ) -> Result<NmsOutput, OpError> {
+        validate_input(boxes, scores, classes, params)?;
+        let classes = if params.class_aware { classes } else { &[] };
+        self.nms.upload(&self.ctx, boxes, scores, classes)?;
+        Ok(self.nms.run(&self.ctx, params)?)
+    }
+}

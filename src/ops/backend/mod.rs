@@ -1,0 +1,112 @@
+//! The operator contract: every operator the pipeline runs, over clouds held by the backend. The CPU
+//! reference ([`CpuBackend`]) is the oracle; the CUDA backend (`gpu::backend`) implements the same
+//! trait and must reproduce it bit for bit on integer outputs. The stage sequence
+//! (`pipeline::stages`) is written once, generically over this trait.
+//!
+//! Clouds stay where the backend keeps them ([`Backend::Points`]: host columns on the CPU, device
+//! columns on CUDA) and FPS indices stay there too ([`Backend::Samples`]), so the neighbour search
+//! reads its queries without a round trip. What an operator returns on the host is what is
+//! published.
+
+mod cpu;
+mod cuda;
+
+pub use cpu::{CpuBackend, HostPoints};
+pub use cuda::{CudaBackend, DevicePoints};
+
+use super::fps::FpsParams;
+use super::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
+use super::nms::{Box3d, NmsError, NmsOutput, NmsParams};
+use super::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
+use super::ParamError;
+use crate::cloud::CloudView;
+use crate::gpu::GpuError;
+
+/// An operator failure, the same type on every backend.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
+    Nms(#[from] NmsError),
+    /// A size the backend cannot index (e.g. more points than its 32-bit kernels address).
+    #[error("{what}: {value} exceeds the backend's limit of {limit}")]
+    TooLarge { what: &'static str, value: u64, limit: u64 },
+    /// The device failed (driver error, launch failure, out of memory).
+    #[error("GPU: {0}")]
+    Device(#[from] GpuError),
+}
+
+/// The operators of the pipeline, over one backend's clouds.
+pub trait Backend {
+    /// A gathered cloud as this backend holds it; channels 0, 1, 2 are x, y, z.
+    type Points;
+    /// FPS sample indices as this backend holds them.
+    type Samples;
+
+    /// "cpu" or the device and profile.
+    fn describe(&self) -> String;
+
+    /// Gathers every single-element field into float32 columns, dropping non-finite points.
+    fn gather(&mut self, view: &CloudView<'_>) -> Result<Self::Points, OpError>;
+    fn len(&self, points: &Self::Points) -> usize;
+    fn dropped_non_finite(&self, points: &Self::Points) -> usize;
+    fn channel_names<'p>(&self, points: &'p Self::Points) -> &'p [String];
+
+    /// Hard voxels of x, y, z followed by `channels` (indices into the cloud's channels).
+    fn voxelize_hard(
+        &mut self,
+        points: &Self::Points,
+        channels: &[usize],
+        params: &HardVoxelParams,
+    ) -> Result<HardVoxels, OpError>;
+    fn voxelize_dynamic(
+        &mut self,
+        points: &Self::Points,
+        channels: &[usize],
+        grid: &VoxelGrid,
+    ) -> Result<DynamicVoxels, OpError>;
+    /// Dynamic voxels of every channel (the downsampled cloud is their means); with `keep`, also
+    /// the downsampled cloud as this backend's points, for stages that run on it.
+    fn downsample(
+        &mut self,
+        points: &Self::Points,
+        grid: &VoxelGrid,
+        keep: bool,
+    ) -> Result<(DynamicVoxels, Option<Self::Points>), OpError>;
+    /// Hard voxels with their PointPillars features (`channels[0]` is the intensity channel).
+    fn pillar_features(
+        &mut self,
+        points: &Self::Points,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        with_range: bool,
+    ) -> Result<(HardVoxels, PillarFeatures), OpError>;
+
+    /// FPS over `points`: the indices on the host (published) and on the backend (for the queries).
+    fn fps(&mut self, points: &Self::Points, params: &FpsParams) -> Result<(Vec<i32>, Self::Samples), OpError>;
+    /// KNN of the first `queries` sampled points (the non-padding ones) into `points`.
+    fn knn(
+        &mut self,
+        points: &Self::Points,
+        samples: &Self::Samples,
+        queries: usize,
+        params: &KnnParams,
+    ) -> Result<Neighbors, OpError>;
+    fn ball_query(
+        &mut self,
+        points: &Self::Points,
+        samples: &Self::Samples,
+        queries: usize,
+        params: &BallQueryParams,
+    ) -> Result<BallQuery, OpError>;
+
+    fn nms(
+        &mut self,
+        boxes: &[Box3d],
+        scores: &[f32],
+        classes: &[i32],
+        params: &NmsParams,
+    ) -> Result<NmsOutput, OpError>;
+}
+

@@ -1,0 +1,439 @@
+//! GPU farthest point sampling (`cuda/fps.cu`): the same selection as [`super`] (the CPU
+//! reference), bit for bit, on device-resident points.
+//!
+//! One launch samples one cloud or a batch of ragged clouds. Each cloud gets G blocks: with G = 1 a
+//! block runs the whole FPS of its cloud (the batched case); with G > 1 the G blocks of a cloud are
+//! co-resident (cooperative launch) and exchange their block arg-max through a double-buffered board
+//! and a per-cloud arrival counter each iteration. Points (x, y, z, min distance) stay in registers
+//! (up to 8 per thread, `FPS_BLOCK * 8 * G` points per cloud), else the kernel re-reads them from
+//! global memory (L2) with the min distances in a global scratch array.
+//!
+//! On sm_90+ a cloud of up to `16 * FPS_BLOCK * 8` points instead runs as one thread-block cluster
+//! (`fps_cl_PPT`): the blocks exchange their arg-max through distributed shared memory (st.async +
+//! mbarrier), with no global-memory traffic per iteration.
+
+use super::{BatchedFps, FpsOutput, FpsParams};
+use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
+use crate::ops::{param_err, ParamError, Validate};
+use cudarc::driver::{sys, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// Must match `struct FpsKernelParams` in cuda/fps.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct FpsKernelParams {
+    stride: u64,
+    num_clouds: u32,
+    group: u32,
+    k: u32,
+    start: u32,
+    chunk: u32,
+    pad_: u32,
+}
+// SAFETY: repr(C), plain integers, layout identical to the CUDA struct (8 + 6 * 4 bytes).
+unsafe impl DeviceRepr for FpsKernelParams {}
+// Same size as the CUDA struct (`static_assert` in cuda/fps.cu).
+const _: () = assert!(std::mem::size_of::<FpsKernelParams>() == 32);
+
+/// Grow-only device buffers of the FPS launches (reuse one across frames: nothing is allocated in
+/// steady state). After [`fps_enqueue`], [`FpsScratch::indices`] holds the `[B, K]` result.
+pub struct FpsScratch {
+    md: GrowBuffer<f32>,
+    board_key: GrowBuffer<u64>,
+    board_xyz: GrowBuffer<f32>,
+    counters: GrowBuffer<u32>,
+    offsets: GrowBuffer<u32>,
+    out: GrowBuffer<i32>,
+    uploaded_offsets: Vec<u32>,
+    out_len: usize,
+    /// The last launch: kernel name, blocks per cloud.
+    pub last_plan: (String, u32),
+    /// Cluster plans already chosen: (clouds, longest cloud, block size) -> (PPT, cluster size).
+    cluster_plans: Vec<ClusterPlan>,
+}
+
+/// (clouds, longest cloud, block size) -> (points per thread, cluster size) or None.
+type ClusterPlan = ((usize, usize, usize), Option<(usize, usize)>);
+
+impl FpsScratch {
+    pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
+        let s = &ctx.stream;
+        Ok(Self {
+            md: GrowBuffer::new(s, 0)?,
+            board_key: GrowBuffer::new(s, 0)?,
+            board_xyz: GrowBuffer::new(s, 0)?,
+            counters: GrowBuffer::new(s, 0)?,
+            offsets: GrowBuffer::new(s, 0)?,
+            out: GrowBuffer::new(s, 0)?,
+            uploaded_offsets: Vec::new(),
+            out_len: 0,
+            last_plan: (String::new(), 0),
+            cluster_plans: Vec::new(),
+        })
+    }
+
+    /// The device result of the last [`fps_enqueue`]: `[B, K]` row-major local indices, -1 padded.
+    pub fn indices(&mut self, ctx: &GpuContext) -> Result<cudarc::driver::CudaView<'_, i32>, GpuError> {
+        let n = self.out_len;
+        Ok(self.out.ensure(&ctx.stream, n.max(1))?.slice(..n))
+    }
+
+    pub fn download(&mut self, ctx: &GpuContext) -> Result<Vec<i32>, GpuError> {
+        let n = self.out_len;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let v = ctx.stream.clone_dtoh(&self.out.ensure(&ctx.stream, n)?.slice(..n))?;
+        ctx.stream.synchronize()?;
+        Ok(v)
+    }
+}
+
+/// Enqueues FPS of the clouds `offsets[b] .. offsets[b + 1]` of `points` (validated lengths; no
+/// host synchronisation). The result stays in `scratch` (see [`FpsScratch::indices`]).
+pub fn fps_enqueue(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    offsets: &[usize],
+    params: &FpsParams,
+) -> Result<(), GpuError> {
+    params.validate().map_err(param_err)?;
+    let nb = offsets.len().saturating_sub(1);
+    let k = params.num_samples;
+    let total = *offsets.last().unwrap_or(&0);
+    if total > points.len {
+        return Err(GpuError::Unsupported(format!(
+            "offsets cover {total} points, the device cloud has {}",
+            points.len
+        )));
+    }
+    if total >= u32::MAX as usize || k > i32::MAX as usize || nb * k > (i32::MAX as usize) * 4 {
+        return Err(GpuError::Unsupported("FPS: too many points or samples for 32-bit indices".into()));
+    }
+    let mut maxlen = 0usize;
+    for (b, w) in offsets.windows(2).enumerate() {
+        let l = w[1].checked_sub(w[0]).ok_or_else(|| GpuError::Unsupported("offsets must not decrease".into()))?;
+        if l > 0 && params.start_index >= l {
+            return Err(param_err(ParamError::new(
+                "start_index",
+                params.start_index,
+                &format!("< number of points of every non-empty cloud (cloud {b} has {l})"),
+            )));
+        }
+        maxlen = maxlen.max(l);
+    }
+    let stream = &ctx.stream;
+    scratch.out_len = nb * k;
+    if nb == 0 {
+        return Ok(());
+    }
+
+    let b = ctx.profile.block_size.fps as usize;
+    // sm_90+: one thread-block cluster per cloud, when the clouds fit (<= 16 blocks of b * 8 points).
+    let key = (nb, maxlen, b);
+    let plan = match scratch.cluster_plans.iter().find(|(k, _)| *k == key) {
+        Some((_, p)) => *p,
+        None => {
+            let p = cluster_plan(ctx, nb, maxlen, b);
+            scratch.cluster_plans.push((key, p));
+            p
+        }
+    };
+    if let Some((ppt, g)) = plan {
+        return launch_cluster(ctx, scratch, points, offsets, params, nb, ppt, g);
+    }
+
+    // Plan: fewest blocks per cloud with points in registers, else the memory path.
+    let gmin = maxlen.div_ceil(b * 8).max(1);
+    let ppt = [1usize, 2, 4, 8].into_iter().find(|p| b * p * gmin >= maxlen).unwrap_or(8);
+    let mut name = format!("fps_reg_{ppt}");
+    let mut group = gmin;
+    let mut chunk = b * ppt;
+    if gmin > 1 {
+        let func = ctx.function("fps", &name)?;
+        let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(b as u32, 0, None)? as usize;
+        let resident = per_sm * ctx.sm_count as usize;
+        if nb * gmin > resident {
+            let fm = ctx.function("fps", "fps_mem")?;
+            let per_sm = fm.occupancy_max_active_blocks_per_multiprocessor(b as u32, 0, None)? as usize;
+            let resident = (per_sm * ctx.sm_count as usize).max(1);
+            name = "fps_mem".into();
+            group = (resident / nb).clamp(1, gmin);
+            chunk = maxlen.div_ceil(group);
+        }
+    }
+    let cooperative = group > 1;
+    scratch.last_plan = (name.clone(), group as u32);
+
+    let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
+    let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
+    if scratch.uploaded_offsets != offs {
+        stream.memcpy_htod(&offs, &mut offs_dev.slice_mut(..offs.len()))?;
+        scratch.uploaded_offsets = offs;
+    }
+    let md = scratch.md.ensure(stream, if name == "fps_mem" { total.max(1) } else { 1 })?;
+    let entries = nb * 2 * group;
+    let board_key = scratch.board_key.ensure(stream, entries)?;
+    let board_xyz = scratch.board_xyz.ensure(stream, entries * 4)?;
+    let counters = scratch.counters.ensure(stream, nb)?;
+    stream.memset_zeros(&mut counters.slice_mut(..nb))?;
+    let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    let p = FpsKernelParams {
+        stride: points.stride as u64,
+        num_clouds: nb as u32,
+        group: group as u32,
+        k: k as u32,
+        start: params.start_index as u32,
+        chunk: chunk as u32,
+        pad_: 0,
+    };
+    let func = ctx.function("fps", &name)?;
+    let cfg = LaunchConfig { grid_dim: ((nb * group) as u32, 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
+    let mut l = stream.launch_builder(&func);
+    l.arg(points.data);
+    l.arg(&*offs_dev);
+    l.arg(&mut *out);
+    l.arg(&mut *md);
+    l.arg(&mut *board_key);
+    l.arg(&mut *board_xyz);
+    l.arg(&mut *counters);
+    l.arg(&p);
+    // SAFETY: argument order and types match `fps_*` in cuda/fps.cu; buffers: out >= nb * k,
+    // offsets nb + 1, board nb * 2 * group entries, counters nb (zeroed), md >= total (memory path),
+    // points cover `total` with `stride`. Cooperative launches guarantee the co-residency the
+    // per-cloud spin barrier needs.
+    unsafe {
+        if cooperative {
+            l.launch_cooperative(cfg)?;
+        } else {
+            l.launch(cfg)?;
+        }
+    }
+    Ok(())
+}
+
+/// Clusters of `g` blocks of `b` threads of `func` that can be resident at once (0 when none or
+/// on error).
+fn max_active_clusters(
+    ctx: &GpuContext,
+    func: &cudarc::driver::CudaFunction,
+    g: usize,
+    b: usize,
+    nb: usize,
+    smem: usize,
+) -> u32 {
+    // SAFETY: a plain-data attribute and config; the driver only reads them.
+    unsafe {
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = g as u32;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: (g * nb.max(1)) as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: b as u32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem as u32,
+            hStream: ctx.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut n: std::ffi::c_int = 0;
+        match sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &cfg) {
+            sys::CUresult::CUDA_SUCCESS => n.max(0) as u32,
+            _ => 0,
+        }
+    }
+}
+
+/// Dynamic shared memory of `fps_cl_{ppt}`: a float4 per point of the block's chunk.
+fn cluster_smem(b: usize, ppt: usize) -> usize {
+    b * ppt * 16
+}
+
+/// Points per thread and cluster size of the cluster path (sm_90+), or None: the fewest waves of
+/// clusters times the per-iteration cost (about PPT point updates plus a fixed exchange cost of
+/// ~6 updates).
+fn cluster_plan(ctx: &GpuContext, nb: usize, maxlen: usize, b: usize) -> Option<(usize, usize)> {
+    if ctx.compute_capability.0 < 9 || b == 0 || maxlen == 0 {
+        return None;
+    }
+    let mut best: Option<(f64, usize, usize)> = None;
+    for ppt in 1..=8usize {
+        let g = maxlen.div_ceil(b * ppt).max(1);
+        // g = 1 is no cluster (compute-sanitizer rejects DSMEM/st.async in 1-block clusters): the
+        // single-block register path does it without any exchange.
+        if !(2..=16).contains(&g) {
+            continue;
+        }
+        let Ok(func) = ctx.function("fps", &format!("fps_cl_{ppt}")) else { return None };
+        let smem = cluster_smem(b, ppt);
+        if func
+            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .is_err()
+        {
+            continue;
+        }
+        if g > 8
+            && func
+                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                .is_err()
+        {
+            continue;
+        }
+        let active = max_active_clusters(ctx, &func, g, b, nb, smem) as usize;
+        if active == 0 {
+            continue;
+        }
+        let waves = nb.div_ceil(active);
+        // Clouds that fit one block (maxlen <= b * 8) already run without exchange on the register
+        // path: take clusters for them only when they all run at once.
+        if maxlen <= b * 8 && waves > 1 {
+            continue;
+        }
+        let cost = waves as f64 * (ppt as f64 + 6.0);
+        if best.is_none_or(|(c, _, _)| cost < c) {
+            best = Some((cost, ppt, g));
+        }
+    }
+    best.map(|(_, ppt, g)| (ppt, g))
+}
+
+/// The cluster path: `fps_cl_{ppt}` over `nb` clusters of `g` blocks (cuLaunchKernelEx).
+#[allow(clippy::too_many_arguments)]
+fn launch_cluster(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    offsets: &[usize],
+    params: &FpsParams,
+    nb: usize,
+    ppt: usize,
+    g: usize,
+) -> Result<(), GpuError> {
+    let stream = &ctx.stream;
+    let k = params.num_samples;
+    let name = format!("fps_cl_{ppt}");
+    scratch.last_plan = (name.clone(), g as u32);
+    let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
+    let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
+    if scratch.uploaded_offsets != offs {
+        stream.memcpy_htod(&offs, &mut offs_dev.slice_mut(..offs.len()))?;
+        scratch.uploaded_offsets = offs;
+    }
+    let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    let p = FpsKernelParams {
+        stride: points.stride as u64,
+        num_clouds: nb as u32,
+        group: g as u32,
+        k: k as u32,
+        start: params.start_index as u32,
+        chunk: (ctx.profile.block_size.fps as usize * ppt) as u32,
+        pad_: 0,
+    };
+    let func = ctx.function("fps", &name)?;
+    let (xyz_ptr, _gx) = points.data.device_ptr(stream);
+    let (off_ptr, _go) = offs_dev.device_ptr(stream);
+    let (out_ptr, _gu) = out.device_ptr_mut(stream);
+    let mut args: [*mut std::ffi::c_void; 4] = [
+        &xyz_ptr as *const sys::CUdeviceptr as *mut std::ffi::c_void,
+        &off_ptr as *const sys::CUdeviceptr as *mut std::ffi::c_void,
+        &out_ptr as *const sys::CUdeviceptr as *mut std::ffi::c_void,
+        &p as *const FpsKernelParams as *mut std::ffi::c_void,
+    ];
+    // SAFETY: argument order and types match `fps_cl_*` in cuda/fps.cu (xyz, offsets,
+    // out, params); out >= nb * k, offsets nb + 1 entries, points cover offsets[nb] with `stride`;
+    // the grid is nb clusters of g blocks (g <= 16, non-portable sizes and the dynamic shared memory
+    // (b * ppt float4) enabled by cluster_plan and checked with cuOccupancyMaxActiveClusters); the
+    // argument values outlive the call (the driver copies them).
+    unsafe {
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = g as u32;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: (nb * g) as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: ctx.profile.block_size.fps,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: cluster_smem(ctx.profile.block_size.fps as usize, ppt) as u32,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let r = sys::cuLaunchKernelEx(&cfg, func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(GpuError::Unsupported(format!("{name}: cuLaunchKernelEx with {g}-block clusters: {r:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// [`crate::ops::fps::farthest_point_sample`] on the device.
+pub fn farthest_point_sample(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    params: &FpsParams,
+) -> Result<FpsOutput, GpuError> {
+    let mut s = FpsScratch::new(ctx)?;
+    farthest_point_sample_with(ctx, &mut s, points, params)
+}
+
+pub fn farthest_point_sample_with(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    params: &FpsParams,
+) -> Result<FpsOutput, GpuError> {
+    params.validate().map_err(param_err)?;
+    if points.len > 0 && params.start_index >= points.len {
+        return Err(param_err(ParamError::new(
+            "start_index",
+            params.start_index,
+            &format!("< number of points ({})", points.len),
+        )));
+    }
+    fps_enqueue(ctx, scratch, points, &[0, points.len], params)?;
+    Ok(FpsOutput { indices: scratch.download(ctx)? })
+}
+
+/// [`crate::ops::fps::farthest_point_sample_batched`] on the device: cloud b is points
+/// `offsets[b] .. offsets[b] + lengths[b]` of `points`.
+pub fn farthest_point_sample_batched(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    lengths: &[usize],
+    params: &FpsParams,
+) -> Result<BatchedFps, GpuError> {
+    let mut s = FpsScratch::new(ctx)?;
+    farthest_point_sample_batched_with(ctx, &mut s, points, lengths, params)
+}
+
+pub fn farthest_point_sample_batched_with(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    lengths: &[usize],
+    params: &FpsParams,
+) -> Result<BatchedFps, GpuError> {
+    params.validate().map_err(param_err)?;
+    let mut offsets = vec![0usize];
+    for &l in lengths {
+        offsets.push(offsets.last().unwrap() + l);
+    }
+    if *offsets.last().unwrap() != points.len {
+        return Err(param_err(ParamError::new(
+            "lengths",
+            format!("sum {}", offsets.last().unwrap()),
+            &format!("sum of lengths = number of points ({})", points.len),
+        )));
+    }
+    fps_enqueue(ctx, scratch, points, &offsets, params)?;
+    Ok(BatchedFps { indices: scratch.download(ctx)?, offsets, num_samples: params.num_samples })
+}

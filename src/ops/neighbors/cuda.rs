@@ -1,0 +1,367 @@
+//! GPU exact neighbour search (`cuda/neighbors.cu`): [`knn`] and [`ball_query`] with the semantics
+//! of [`super`] (the CPU reference), bit for bit (indices, counts and dist2).
+//!
+//! A uniform cell grid is built on the device for every call (bounding box, cell edge and dims in
+//! f64 like the CPU grid, cell counts, exclusive scan, binning), then one thread per query searches
+//! it: KNN visits rings of cells outward with a sorted top-k list of (dist2, index) keys (registers
+//! for k <= 32, global memory above) and stops when every unvisited cell is provably farther than
+//! the k-th distance; ball query visits the cells overlapping the ball and keeps the nsample lowest
+//! indices. The whole call is enqueued without a host synchronisation (buffers are sized for the
+//! worst-case cell count), until the copy back.
+//!
+//! KNN with k <= 32 runs one warp per query (`knn_warp_cells`): the lanes take 32 cells (columns
+//! of a shell) at a time, and the points of all non-pruned runs are packed 32 per step, so a query
+//! in a sparse region does not pay one dependent load per empty cell.
+
+use super::{BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
+use crate::ops::{param_err, Validate};
+use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+
+/// Cells allowed per point (worst-case size of the count and start arrays).
+const CELLS_PER_POINT: usize = 2;
+const SCAN_ITEMS: usize = 8;
+/// Size of `struct GridParams` in cuda/neighbors.cu (`static_assert` there): written on the device
+/// by `grid_setup` into a buffer of [`GRID_PARAMS_WORDS`] u64 words, read by the later kernels.
+const GRID_PARAMS_BYTES: usize = 72;
+const GRID_PARAMS_WORDS: usize = GRID_PARAMS_BYTES.div_ceil(8);
+
+/// Grow-only device buffers of the neighbour kernels (reuse across frames).
+pub struct NeighborsScratch {
+    bbox: GrowBuffer<u32>,
+    gp: GrowBuffer<u64>,
+    counts: GrowBuffer<u32>,
+    start: GrowBuffer<u32>,
+    cell_of: GrowBuffer<u32>,
+    tile_sums: GrowBuffer<u32>,
+    sorted: GrowBuffer<f32>,
+    list: GrowBuffer<u64>,
+    out_idx: GrowBuffer<i32>,
+    out_d: GrowBuffer<f32>,
+    out_cnt: GrowBuffer<u32>,
+    rows: usize,
+    width: usize,
+    /// Kernel of the last query launch.
+    pub last_kernel: String,
+    /// Use the one-thread-per-query kernels (`*_reg_*`) instead of one warp per query for
+    /// widths <= 32 (slower; kept for comparison and checks).
+    pub thread_per_query: bool,
+}
+
+impl NeighborsScratch {
+    pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
+        let s = &ctx.stream;
+        Ok(Self {
+            bbox: GrowBuffer::new(s, 8)?,
+            gp: GrowBuffer::new(s, GRID_PARAMS_WORDS)?,
+            counts: GrowBuffer::new(s, 0)?,
+            start: GrowBuffer::new(s, 0)?,
+            cell_of: GrowBuffer::new(s, 0)?,
+            tile_sums: GrowBuffer::new(s, 0)?,
+            sorted: GrowBuffer::new(s, 0)?,
+            list: GrowBuffer::new(s, 0)?,
+            out_idx: GrowBuffer::new(s, 0)?,
+            out_d: GrowBuffer::new(s, 0)?,
+            out_cnt: GrowBuffer::new(s, 0)?,
+            rows: 0,
+            width: 0,
+            last_kernel: String::new(),
+            thread_per_query: false,
+        })
+    }
+
+    /// Device results of the last enqueue: `[M, width]` indices.
+    pub fn indices(&mut self, ctx: &GpuContext) -> Result<CudaView<'_, i32>, GpuError> {
+        let n = self.rows * self.width;
+        Ok(self.out_idx.ensure(&ctx.stream, n.max(1))?.slice(..n))
+    }
+    /// `[M, k]` dist2 of the last [`knn_enqueue`].
+    pub fn dist2(&mut self, ctx: &GpuContext) -> Result<CudaView<'_, f32>, GpuError> {
+        let n = self.rows * self.width;
+        Ok(self.out_d.ensure(&ctx.stream, n.max(1))?.slice(..n))
+    }
+    /// `[M]` counts of the last [`ball_query_enqueue`].
+    pub fn counts(&mut self, ctx: &GpuContext) -> Result<CudaView<'_, u32>, GpuError> {
+        let n = self.rows;
+        Ok(self.out_cnt.ensure(&ctx.stream, n.max(1))?.slice(..n))
+    }
+}
+
+fn blocks(n: usize, b: usize) -> u32 {
+    n.div_ceil(b).max(1) as u32
+}
+
+/// Builds the cell grid of `points` on the device. mode 0: KNN (cell edge from k), 1: ball query.
+pub(crate) fn build_grid(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    mode: u32,
+    k: u32,
+    radius: f32,
+) -> Result<(), GpuError> {
+    let stream = &ctx.stream;
+    let b = ctx.profile.block_size.neighbors as usize;
+    let n = points.len;
+    if n >= u32::MAX as usize / 2 {
+        return Err(GpuError::Unsupported(format!("{n} points: too many for the neighbour grid")));
+    }
+    let max_cells = (CELLS_PER_POINT * n).max(64);
+    let tile = b * SCAN_ITEMS;
+    let ntiles = (max_cells + 1).div_ceil(tile);
+    let stride = points.stride as u64;
+    let n32 = n as u32;
+
+    let bbox = s.bbox.ensure(stream, 8)?;
+    stream.memset_zeros(&mut bbox.slice_mut(..8))?;
+    let gp = s.gp.ensure(stream, GRID_PARAMS_WORDS)?;
+    let counts = s.counts.ensure(stream, max_cells + 1)?;
+    stream.memset_zeros(&mut counts.slice_mut(..max_cells + 1))?;
+    let start = s.start.ensure(stream, max_cells + 1)?;
+    let cell_of = s.cell_of.ensure(stream, n.max(1))?;
+    let tile_sums = s.tile_sums.ensure(stream, ntiles)?;
+    let sorted = s.sorted.ensure(stream, 4 * n.max(1))?;
+
+    let cfg = |grid: u32| LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY (every launch below): argument order and types match the kernels in
+    // cuda/neighbors.cu; counts/start hold max_cells + 1 words and the setup kernel keeps the
+    // cell count within max_cells; cell_of and sorted hold n entries; tile_sums ntiles.
+    unsafe {
+        let f = ctx.function("neighbors", "grid_bbox")?;
+        let grid = blocks(n, b).min(ctx.sm_count.max(1) as u32 * 4);
+        let mut l = stream.launch_builder(&f);
+        l.arg(points.data).arg(&stride).arg(&n32).arg(&mut *bbox);
+        l.launch(cfg(grid))?;
+
+        let f = ctx.function("neighbors", "grid_setup")?;
+        let mc = max_cells as u32;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&*bbox).arg(&mut *gp).arg(&mode).arg(&k).arg(&radius).arg(&mc);
+        l.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 })?;
+
+        if n > 0 {
+            let f = ctx.function("neighbors", "grid_count")?;
+            let mut l = stream.launch_builder(&f);
+            l.arg(points.data).arg(&stride).arg(&n32).arg(&*gp).arg(&mut *cell_of).arg(&mut *counts);
+            l.launch(cfg(blocks(n, b)))?;
+        }
+        let f = ctx.function("neighbors", "scan_tiles")?;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&*counts).arg(&*gp).arg(&mut *tile_sums);
+        l.launch(cfg(ntiles as u32))?;
+
+        let f = ctx.function("neighbors", "scan_top")?;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut *tile_sums).arg(&*gp);
+        l.launch(cfg(1))?;
+
+        let f = ctx.function("neighbors", "scan_apply")?;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&*counts).arg(&*gp).arg(&*tile_sums).arg(&mut *start);
+        l.launch(cfg(ntiles as u32))?;
+
+        if n > 0 {
+            let f = ctx.function("neighbors", "grid_scatter")?;
+            let mut l = stream.launch_builder(&f);
+            l.arg(points.data).arg(&stride).arg(&n32).arg(&*cell_of).arg(&*start).arg(&mut *counts).arg(&mut *sorted);
+            l.launch(cfg(blocks(n, b)))?;
+        }
+    }
+    Ok(())
+}
+
+/// The query kernel: one warp per query for widths <= 32 (`knn_warp_cells`, `ball_warp`), else
+/// one thread per query with the list in registers or global memory.
+fn list_kernel(prefix: &str, width: usize, thread_per_query: bool) -> String {
+    if width <= 32 && !thread_per_query {
+        return if prefix == "knn" { "knn_warp_cells".into() } else { format!("{prefix}_warp") };
+    }
+    match width {
+        0..=8 => format!("{prefix}_reg_8"),
+        9..=16 => format!("{prefix}_reg_16"),
+        17..=32 => format!("{prefix}_reg_32"),
+        _ => format!("{prefix}_global"),
+    }
+}
+
+fn check_sizes(points: &DeviceXyz<'_>, queries: &DeviceXyz<'_>, width: usize) -> Result<(), GpuError> {
+    if points.len > i32::MAX as usize || queries.len >= u32::MAX as usize || width > u32::MAX as usize {
+        return Err(GpuError::Unsupported("neighbour search: sizes exceed 32-bit indexing".into()));
+    }
+    Ok(())
+}
+
+/// Enqueues KNN; results stay in `scratch` ([`NeighborsScratch::indices`], [`NeighborsScratch::dist2`]).
+pub fn knn_enqueue(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &KnnParams,
+) -> Result<(), GpuError> {
+    params.validate().map_err(param_err)?;
+    check_sizes(&points, &queries, params.k)?;
+    let (m, k) = (queries.len, params.k);
+    s.rows = m;
+    s.width = k;
+    if m == 0 {
+        return Ok(());
+    }
+    build_grid(ctx, s, points, 0, k.min(u32::MAX as usize) as u32, 0.0)?;
+    s.last_kernel = list_kernel("knn", k, s.thread_per_query);
+    launch_query(ctx, s, queries, QueryKind::Knn { k: k as u32 })
+}
+
+enum QueryKind {
+    Knn { k: u32 },
+    Ball { ns: u32, radius: f32, r2: f32, rmin2: f32, pad_first: u32 },
+}
+
+fn launch_query(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    queries: DeviceXyz<'_>,
+    kind: QueryKind,
+) -> Result<(), GpuError> {
+    let stream = &ctx.stream;
+    let m = queries.len;
+    let b = ctx.profile.block_size.neighbors as usize;
+    let width = s.width;
+    let name = s.last_kernel.clone();
+    let warp = name.ends_with("_warp") || name.ends_with("_warp_cells");
+    let NeighborsScratch { gp, start, sorted, list, out_idx, out_d, out_cnt, .. } = s;
+    let gp = gp.ensure(stream, GRID_PARAMS_WORDS)?;
+    let start = start.ensure(stream, 1)?;
+    let sorted = sorted.ensure(stream, 4)?;
+    let list = list.ensure(stream, if width > 32 { m * width } else { 1 })?;
+    let oi = out_idx.ensure(stream, m * width)?;
+    let (qs, m32) = (queries.stride as u64, m as u32);
+    let threads = if warp { m * 32 } else { m };
+    let cfg = LaunchConfig { grid_dim: (blocks(threads, b), 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
+    match kind {
+        QueryKind::Knn { k } => {
+            let od = out_d.ensure(stream, m * width)?;
+            let f = ctx.function("neighbors", &name)?;
+            let mut l = stream.launch_builder(&f);
+            l.arg(queries.data)
+                .arg(&qs)
+                .arg(&m32)
+                .arg(&*gp)
+                .arg(&*start)
+                .arg(&*sorted)
+                .arg(&k)
+                .arg(&mut *oi)
+                .arg(&mut *od)
+                .arg(&mut *list);
+            // SAFETY: matches `knn_*` in cuda/neighbors.cu; outputs hold m * k, list m * k when k > 32.
+            unsafe { l.launch(cfg) }?;
+        }
+        QueryKind::Ball { ns, radius, r2, rmin2, pad_first } => {
+            let oc = out_cnt.ensure(stream, m)?;
+            let f = ctx.function("neighbors", &name)?;
+            let mut l = stream.launch_builder(&f);
+            l.arg(queries.data)
+                .arg(&qs)
+                .arg(&m32)
+                .arg(&*gp)
+                .arg(&*start)
+                .arg(&*sorted)
+                .arg(&ns)
+                .arg(&radius)
+                .arg(&r2)
+                .arg(&rmin2)
+                .arg(&pad_first)
+                .arg(&mut *oi)
+                .arg(&mut *oc)
+                .arg(&mut *list);
+            // SAFETY: matches `ball_*` in cuda/neighbors.cu; outputs hold m * ns and m, list m * ns when ns > 32.
+            unsafe { l.launch(cfg) }?;
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues a ball query; results stay in `scratch` ([`NeighborsScratch::indices`], [`NeighborsScratch::counts`]).
+pub fn ball_query_enqueue(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &BallQueryParams,
+) -> Result<(), GpuError> {
+    params.validate().map_err(param_err)?;
+    check_sizes(&points, &queries, params.nsample)?;
+    let (m, ns) = (queries.len, params.nsample);
+    s.rows = m;
+    s.width = ns;
+    if m == 0 {
+        return Ok(());
+    }
+    build_grid(ctx, s, points, 1, 0, params.radius)?;
+    s.last_kernel = list_kernel("ball", ns, s.thread_per_query);
+    let kind = QueryKind::Ball {
+        ns: ns as u32,
+        radius: params.radius,
+        r2: params.radius * params.radius,
+        rmin2: params.min_radius * params.min_radius,
+        pad_first: (params.padding == BallPadding::FirstFound) as u32,
+    };
+    launch_query(ctx, s, queries, kind)
+}
+
+/// [`crate::ops::neighbors::knn`] on the device.
+pub fn knn(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &KnnParams,
+) -> Result<Neighbors, GpuError> {
+    let mut s = NeighborsScratch::new(ctx)?;
+    knn_with(ctx, &mut s, points, queries, params)
+}
+
+pub fn knn_with(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &KnnParams,
+) -> Result<Neighbors, GpuError> {
+    knn_enqueue(ctx, s, points, queries, params)?;
+    let n = s.rows * s.width;
+    if n == 0 {
+        return Ok(Neighbors { indices: Vec::new(), dist2: Vec::new(), width: params.k });
+    }
+    let indices = ctx.stream.clone_dtoh(&s.indices(ctx)?)?;
+    let dist2 = ctx.stream.clone_dtoh(&s.dist2(ctx)?)?;
+    ctx.stream.synchronize()?;
+    Ok(Neighbors { indices, dist2, width: params.k })
+}
+
+/// [`crate::ops::neighbors::ball_query`] on the device.
+pub fn ball_query(
+    ctx: &GpuContext,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &BallQueryParams,
+) -> Result<BallQuery, GpuError> {
+    let mut s = NeighborsScratch::new(ctx)?;
+    ball_query_with(ctx, &mut s, points, queries, params)
+}
+
+pub fn ball_query_with(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    params: &BallQueryParams,
+) -> Result<BallQuery, GpuError> {
+    ball_query_enqueue(ctx, s, points, queries, params)?;
+    if s.rows == 0 {
+        return Ok(BallQuery { indices: Vec::new(), counts: Vec::new(), width: params.nsample });
+    }
+    let indices = ctx.stream.clone_dtoh(&s.indices(ctx)?)?;
+    let counts = ctx.stream.clone_dtoh(&s.counts(ctx)?)?;
+    ctx.stream.synchronize()?;
+    Ok(BallQuery { indices, counts, width: params.nsample })
+}

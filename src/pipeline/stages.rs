@@ -1,0 +1,193 @@
+//! The stage sequence, written once over [`Backend`]: the table of stages (config key, input,
+//! output topics, requirements), the cross-stage rules checked when a configuration loads (for
+//! `replay` and the nodes alike), and [`run`], which takes one validated cloud through every
+//! enabled stage.
+
+use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
+use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
+use crate::cloud::{Cloud, CloudView};
+use crate::ops::backend::Backend;
+use crate::ops::voxel::DynamicVoxels;
+
+/// Output topics, relative to the output namespace.
+pub const VOXELS_TOPIC: &str = "voxels";
+pub const VOXEL_FEATURES_TOPIC: &str = "voxel_features";
+pub const DOWNSAMPLED_TOPIC: &str = "downsampled";
+pub const SAMPLES_TOPIC: &str = "samples";
+pub const NEIGHBORHOODS_TOPIC: &str = "neighborhoods";
+pub const BOXES_TOPIC: &str = "boxes";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageId {
+    Voxelize,
+    Downsample,
+    Fps,
+    Neighbors,
+}
+
+/// One row of the stage table.
+#[derive(Debug)]
+pub struct StageSpec {
+    pub id: StageId,
+    /// The configuration section (its `enabled` switch turns the stage on).
+    pub key: &'static str,
+    /// What the stage reads.
+    pub input: &'static str,
+    /// What it publishes.
+    pub topics: &'static [&'static str],
+}
+
+/// The per-cloud stages, in run order. (NMS runs on box records, not clouds: `Pipeline::process_boxes_cdr`.)
+pub const STAGES: [StageSpec; 4] = [
+    StageSpec {
+        id: StageId::Voxelize,
+        key: "voxelize",
+        input: "the cloud",
+        topics: &[VOXELS_TOPIC, VOXEL_FEATURES_TOPIC],
+    },
+    StageSpec { id: StageId::Downsample, key: "downsample", input: "the cloud", topics: &[DOWNSAMPLED_TOPIC] },
+    StageSpec { id: StageId::Fps, key: "fps", input: "fps.input: the cloud or the downsampled cloud", topics: &[SAMPLES_TOPIC] },
+    StageSpec {
+        id: StageId::Neighbors,
+        key: "neighbors",
+        input: "the FPS samples as queries into fps.input",
+        topics: &[NEIGHBORHOODS_TOPIC],
+    },
+];
+
+/// A stage that is on while a stage it needs is off.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{setting} needs {needs}: true ({why})")]
+pub struct StageRuleError {
+    pub setting: String,
+    pub needs: String,
+    pub why: &'static str,
+}
+
+pub fn enabled(cfg: &PipelineConfig, id: StageId) -> bool {
+    match id {
+        StageId::Voxelize => cfg.voxelize.enabled,
+        StageId::Downsample => cfg.downsample.enabled,
+        StageId::Fps => cfg.fps.enabled,
+        StageId::Neighbors => cfg.neighbors.enabled,
+    }
+}
+
+/// The stages `id` needs under `cfg`, as (the setting that needs it, the stage, why).
+fn requirements(cfg: &PipelineConfig, id: StageId) -> Vec<(&'static str, StageId, &'static str)> {
+    match id {
+        StageId::Voxelize | StageId::Downsample => vec![],
+        StageId::Fps => match cfg.fps.input {
+            FpsInput::Cloud => vec![],
+            FpsInput::Downsampled => {
+                vec![("fps.input: downsampled", StageId::Downsample, "FPS samples the downsampled cloud")]
+            }
+        },
+        StageId::Neighbors => {
+            let mut r = vec![("neighbors.enabled: true", StageId::Fps, "the neighbourhoods are searched around the FPS samples")];
+            r.extend(requirements(cfg, StageId::Fps).into_iter().map(|(_, s, w)| ("neighbors.enabled: true", s, w)));
+            r
+        }
+    }
+}
+
+/// Every enabled stage's requirements hold.
+pub fn check_rules(cfg: &PipelineConfig) -> Result<(), StageRuleError> {
+    for stage in &STAGES {
+        if !enabled(cfg, stage.id) {
+            continue;
+        }
+        for (setting, needed, why) in requirements(cfg, stage.id) {
+            if !enabled(cfg, needed) {
+                let key = STAGES.iter().find(|s| s.id == needed).expect("in the table").key;
+                return Err(StageRuleError { setting: setting.into(), needs: format!("{key}.enabled"), why });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What one frame's stages produced, on the host.
+#[derive(Debug, Clone)]
+pub struct StageResults {
+    /// Points after the gather (non-finite ones dropped).
+    pub points: usize,
+    pub dropped_non_finite: usize,
+    /// The gathered cloud's channel names (x, y, z first).
+    pub channel_names: Vec<String>,
+    pub voxels: Option<Voxels>,
+    pub downsampled: Option<DynamicVoxels>,
+    /// FPS indices into the cloud of `fps.input`, -1 padded.
+    pub samples: Option<Vec<i32>>,
+    pub neighborhoods: Option<Neighborhoods>,
+}
+
+/// Runs every enabled stage of `cfg` on `view` (validated once, by the caller).
+pub fn run<B: Backend>(
+    backend: &mut B,
+    cfg: &PipelineConfig,
+    view: &CloudView<'_>,
+    t: &mut Timings,
+) -> Result<StageResults, FrameError> {
+    let cloud = timed(t, "gather", || backend.gather(view))?;
+    let names = backend.channel_names(&cloud).to_vec();
+    let voxels = if cfg.voxelize.enabled {
+        let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
+        Some(timed(t, "voxelize", || -> Result<_, FrameError> {
+            Ok(match cfg.voxelize.mode {
+                VoxelMode::Hard => Voxels::Hard(backend.voxelize_hard(&cloud, &channels, &cfg.voxelize.params)?),
+                VoxelMode::Dynamic => {
+                    Voxels::Dynamic(backend.voxelize_dynamic(&cloud, &channels, &cfg.voxelize.params.grid)?)
+                }
+            })
+        })?)
+    } else {
+        None
+    };
+    let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
+    let (downsampled, downsampled_points) = if cfg.downsample.enabled {
+        let (dv, kept) =
+            timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled))?;
+        (Some(dv), kept)
+    } else {
+        (None, None)
+    };
+    let fps_cloud = match (&downsampled_points, fps_on_downsampled) {
+        (Some(d), true) => d,
+        _ => &cloud,
+    };
+    let (samples, neighborhoods) = if cfg.fps.enabled {
+        let (indices, on_backend) = timed(t, "fps", || backend.fps(fps_cloud, &cfg.fps.params))?;
+        let queries = indices.iter().take_while(|&&i| i >= 0).count();
+        let neighborhoods = if cfg.neighbors.enabled {
+            Some(timed(t, "neighbors", || -> Result<_, FrameError> {
+                Ok(match cfg.neighbors.mode {
+                    NeighborMode::Knn => {
+                        let n = backend.knn(fps_cloud, &on_backend, queries, &cfg.neighbors.knn)?;
+                        let found = n.indices.iter().filter(|&&i| i >= 0).count();
+                        Neighborhoods { indices: n.indices, width: n.width, found }
+                    }
+                    NeighborMode::BallQuery => {
+                        let b = backend.ball_query(fps_cloud, &on_backend, queries, &cfg.neighbors.ball_query)?;
+                        let found = b.counts.iter().map(|&c| c as usize).sum();
+                        Neighborhoods { indices: b.indices, width: b.width, found }
+                    }
+                })
+            })?)
+        } else {
+            None
+        };
+        (Some(indices), neighborhoods)
+    } else {
+        (None, None)
+    };
+    Ok(StageResults {
+        points: backend.len(&cloud),
+        dropped_non_finite: backend.dropped_non_finite(&cloud),
+        channel_names: names,
+        voxels,
+        downsampled,
+        samples,
+        neighborhoods,
+    })
+}

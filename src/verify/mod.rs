@@ -1,0 +1,99 @@
+//! The GPU-vs-CPU checks (`check-gpu`) and the benchmarks (`bench`) of every operator family, and
+//! of the gather stage and the whole pipeline. Not part of the data path: the node binaries and
+//! the pipeline never reference this module.
+//!
+//! - [`suite`]: the whole `check-gpu` and `bench` tables.
+//! - [`voxel`], [`fps`], [`neighbors`], [`nms`]: one family's checks and benchmarks.
+//! - [`smoke`]: the gather stage's inputs and comparison.
+//! - [`report`]: the table rows and the check inputs' random generator.
+
+pub mod fps;
+pub mod neighbors;
+pub mod nms;
+pub mod report;
+pub mod smoke;
+pub mod suite;
+pub mod voxel;
+
+pub use report::{BenchRow, BenchTable, CheckRow, CheckTable};
+pub use suite::{bench_all, check_all};
+
+use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
+use crate::gpu::{upload_and_gather, DeviceCloud, GpuContext, GpuError};
+use std::path::Path;
+
+/// Uploads a host cloud through the PointCloud2 gather path; returns the device cloud and the
+/// host cloud the CPU reference must see (the gathered one).
+pub(crate) fn upload_cloud(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), GpuError> {
+    let msg = PointCloud2::from_cloud(Header::default(), cloud, &PointLayout::packed_f32(&["x", "y", "z"]));
+    let view = crate::cloud::CloudView::new(msg)?;
+    let dev = upload_and_gather(ctx, &view)?;
+    Ok((dev, view.gather().cloud))
+}
+
+pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, Cloud), GpuError> {
+    let scan = crate::bag::sample::load_ouster_bin(path)
+        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+    let msg = PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::ouster());
+    let view = crate::cloud::CloudView::new(msg)?;
+    let dev = upload_and_gather(ctx, &view)?;
+    Ok((dev, view.gather().cloud))
+}
+
+/// Reads `name.bin` of a workloads directory (raw little-endian) with its shape from manifest.json.
+pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usize>), GpuError> {
+    let man = std::fs::read_to_string(dir.join("manifest.json"))
+        .map_err(|e| GpuError::Unsupported(format!("manifest.json: {e}")))?;
+    let key = format!("\"{name}\"");
+    let at = man.find(&key).ok_or_else(|| GpuError::Unsupported(format!("{name} not in manifest.json")))?;
+    let rest = &man[at..];
+    let s = rest.find("\"shape\"").ok_or_else(|| GpuError::Unsupported(format!("{name}: no shape")))?;
+    let open = rest[s..].find('[').unwrap() + s;
+    let close = rest[open..].find(']').unwrap() + open;
+    let shape: Vec<usize> = rest[open + 1..close].split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    let bytes = std::fs::read(dir.join(format!("{name}.bin")))
+        .map_err(|e| GpuError::Unsupported(format!("{name}.bin: {e}")))?;
+    Ok((bytes, shape))
+}
+
+/// An `[N, 3]` float32 workload as x, y, z columns.
+pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), GpuError> {
+    let (bytes, _shape) = read_workload(dir, name)?;
+    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let n = v.len() / 3;
+    Ok((
+        (0..n).map(|i| v[3 * i]).collect(),
+        (0..n).map(|i| v[3 * i + 1]).collect(),
+        (0..n).map(|i| v[3 * i + 2]).collect(),
+    ))
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// GPU time (CUDA events) of `f`, median of `runs` after `warm` warm-up runs.
+pub(crate) fn time_ms(
+    ctx: &GpuContext,
+    warm: usize,
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    for _ in 0..warm {
+        f()?;
+    }
+    ctx.synchronize()?;
+    let mut t = ctx.stage_timer();
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        t.start()?;
+        f()?;
+        t.stage("op")?;
+        v.push(t.finish()?[0].1 as f64);
+    }
+    Ok(median(v))
+}

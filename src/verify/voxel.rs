@@ -1,0 +1,541 @@
+//! Voxel operators: GPU ([`crate::ops::voxel::cuda`]) against the CPU reference, and their
+//! benchmarks on the W1 workloads.
+
+use super::report::{BenchRow, CheckRow, Rng};
+use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
+use crate::gpu::{DeviceCloud, GpuContext, GpuError, StageTimer};
+use crate::ops::voxel::cuda::{voxel_grid_downsample, GpuVoxelizer};
+use crate::ops::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, VoxelGrid};
+use std::path::Path;
+
+/// The W1 "pillars" configuration (spconv PointToVoxel peer workload).
+pub fn w1_pillars() -> HardVoxelParams {
+    HardVoxelParams {
+        grid: VoxelGrid { voxel_size: [0.16, 0.16, 10.0], point_cloud_range: [-51.2, -51.2, -5.0, 51.2, 51.2, 5.0] },
+        max_points_per_voxel: 32,
+        max_voxels: 60000,
+    }
+}
+
+/// The W1 "voxels" configuration.
+pub fn w1_voxels() -> HardVoxelParams {
+    HardVoxelParams {
+        grid: VoxelGrid { voxel_size: [0.1, 0.1, 0.2], point_cloud_range: [-51.2, -51.2, -5.0, 51.2, 51.2, 3.0] },
+        max_points_per_voxel: 10,
+        max_voxels: 160000,
+    }
+}
+
+fn random_cloud(rng: &mut Rng, n: usize) -> Cloud {
+    let mut c = [Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n)];
+    for _ in 0..n {
+        c[0].push(rng.f32(-60.0, 60.0));
+        c[1].push(rng.f32(-60.0, 60.0));
+        c[2].push(rng.f32(-6.0, 6.0));
+        c[3].push(rng.f32(0.0, 255.0));
+    }
+    let [x, y, z, i] = c;
+    Cloud::from_xyz(x, y, z).with_channel("intensity", i)
+}
+
+/// Check clouds drawn from `seed`: (name, cloud with x, y, z, intensity). NaN points included in
+/// "nan" (the gather drops them on both sides).
+pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
+    let mut rng = Rng::new(seed);
+    let mut out = vec![
+        ("random 0".to_string(), random_cloud(&mut rng, 0)),
+        ("random 1".to_string(), random_cloud(&mut rng, 1)),
+        ("random 300".to_string(), random_cloud(&mut rng, 300)),
+        ("random 100k".to_string(), random_cloud(&mut rng, 100_000)),
+    ];
+    if big {
+        out.push(("random 1.2M".to_string(), random_cloud(&mut rng, 1_200_000)));
+    }
+    // All points in one voxel (of both W1 grids): 20000 points in [0.01, 0.09]^2 x [0.01, 0.19].
+    let n = 20_000;
+    let one = Cloud::from_xyz(
+        (0..n).map(|_| rng.f32(0.01, 0.09)).collect(),
+        (0..n).map(|_| rng.f32(0.01, 0.09)).collect(),
+        (0..n).map(|_| rng.f32(0.01, 0.19)).collect(),
+    )
+    .with_channel("intensity", (0..n).map(|k| k as f32).collect());
+    out.push(("one voxel 20k".to_string(), one));
+    // Duplicates: 500 distinct points, each 40 times, interleaved.
+    let base = random_cloud(&mut rng, 500);
+    let idx: Vec<usize> = (0..20_000).map(|k| (k * 7919) % 500).collect();
+    out.push(("duplicates 500x40".to_string(), base.select(&idx)));
+    // Borders: exact voxel and range borders of both W1 grids (multiples of 0.16, 0.1, 0.2, and the
+    // range ends), every combination of a few.
+    let xs: Vec<f32> =
+        (0..=640).map(|k| -51.2 + 0.16 * k as f32).chain([-51.2, 51.2, 51.199997, -51.200001, 0.0, -0.0]).collect();
+    let zs = [-5.0f32, 5.0, 3.0, 2.999_999_8, -5.000_000_5, 0.0, 0.2, 0.4, 0.6000001, 4.99];
+    let (mut bx, mut by, mut bz) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, &x) in xs.iter().enumerate() {
+        for &z in &zs {
+            bx.push(x);
+            by.push(xs[(k * 37) % xs.len()]);
+            bz.push(z);
+            bx.push(-x);
+            by.push(x);
+            bz.push(z);
+        }
+    }
+    let nb = bx.len();
+    out.push((
+        "borders".to_string(),
+        Cloud::from_xyz(bx, by, bz).with_channel("intensity", (0..nb).map(|k| k as f32).collect()),
+    ));
+    // NaN / inf points (dropped by the gather), and NaN intensities (kept; they propagate).
+    let mut nan = random_cloud(&mut rng, 50_000);
+    {
+        let cols = nan.columns().to_vec();
+        let mut c = cols;
+        for k in (0..50_000).step_by(7) {
+            c[k % 3][k] = if k % 2 == 0 { f32::NAN } else { f32::INFINITY };
+        }
+        for k in (3..50_000).step_by(11) {
+            c[3][k] = f32::NAN;
+        }
+        let [x, y, z, i]: [Vec<f32>; 4] = c.try_into().unwrap();
+        nan = Cloud::from_xyz(x, y, z).with_channel("intensity", i);
+    }
+    out.push(("nan/inf points".to_string(), nan));
+    out
+}
+
+fn upload(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), GpuError> {
+    let msg = PointCloud2::from_cloud(Header::default(), cloud, &PointLayout::packed_for(cloud));
+    let view = crate::cloud::CloudView::new(msg)?;
+    let dev = crate::gpu::upload_and_gather(ctx, &view)?;
+    Ok((dev, view.gather().cloud))
+}
+
+/// The cloud with x, y, z + the chosen channels (what the GPU sees as its C channels).
+fn project(cloud: &Cloud, channels: &[usize]) -> Cloud {
+    let cols = cloud.columns();
+    let mut out = Cloud::from_xyz(cols[0].clone(), cols[1].clone(), cols[2].clone());
+    for &c in channels {
+        out = out.with_channel(&cloud.names()[c], cols[c].clone());
+    }
+    out
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Largest relative difference (NaN == NaN; NaN vs number = infinity; length mismatch = infinity).
+fn max_rel(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let mut m = 0.0f64;
+    for (&x, &y) in a.iter().zip(b) {
+        if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
+            continue;
+        }
+        let (x, y) = (x as f64, y as f64);
+        let d = if x.is_finite() && y.is_finite() {
+            (x - y).abs() / x.abs().max(y.abs()).max(f64::MIN_POSITIVE)
+        } else {
+            f64::INFINITY
+        };
+        m = m.max(d);
+    }
+    m
+}
+
+fn hard_same(a: &HardVoxels, b: &HardVoxels) -> bool {
+    a.coords == b.coords
+        && a.num_points == b.num_points
+        && a.num_channels == b.num_channels
+        && a.max_points == b.max_points
+        && a.dropped_out_of_range == b.dropped_out_of_range
+        && a.dropped_point_capacity == b.dropped_point_capacity
+        && a.dropped_voxel_capacity == b.dropped_voxel_capacity
+}
+
+fn dyn_same(a: &DynamicVoxels, b: &DynamicVoxels) -> bool {
+    a.point_coords == b.point_coords
+        && a.point_voxel == b.point_voxel
+        && a.voxel_coords == b.voxel_coords
+        && a.num_points == b.num_points
+        && a.num_channels == b.num_channels
+        && a.dropped_out_of_range == b.dropped_out_of_range
+}
+
+fn first_hard_diff(g: &HardVoxels, c: &HardVoxels) -> String {
+    if g.coords != c.coords {
+        let i = g.coords.iter().zip(&c.coords).position(|(a, b)| a != b);
+        return format!("coords differ (gpu {} cpu {} voxels, first at {i:?})", g.coords.len(), c.coords.len());
+    }
+    if g.num_points != c.num_points {
+        let i = g.num_points.iter().zip(&c.num_points).position(|(a, b)| a != b);
+        return format!("num_points differ first at {i:?}");
+    }
+    format!(
+        "counters gpu oor {} pcap {} vcap {} / cpu {} {} {}",
+        g.dropped_out_of_range,
+        g.dropped_point_capacity,
+        g.dropped_voxel_capacity,
+        c.dropped_out_of_range,
+        c.dropped_point_capacity,
+        c.dropped_voxel_capacity
+    )
+}
+
+/// Compares every GPU voxel operator with the CPU reference on the real Ouster scans
+/// (`ouster_dir/*.bin`) and on clouds drawn from `seed`, for the W1 pillars and voxels configs;
+/// each GPU op runs twice (outputs must be identical).
+pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+    check_with(ctx, seed, ouster_dir, false)
+}
+
+/// [`check`]; `quick` keeps the first Ouster scan and the small drawn clouds only (for runs under
+/// compute-sanitizer).
+pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -> Result<Vec<CheckRow>, GpuError> {
+    use crate::ops::voxel as cpu;
+    let mut cases: Vec<(String, Cloud, Vec<usize>)> = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(ouster_dir)
+        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", ouster_dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    files.sort();
+    if quick {
+        files.truncate(1);
+    }
+    for (k, f) in files.iter().enumerate() {
+        let scan = crate::bag::sample::load_ouster_bin(f)
+            .map_err(|e| GpuError::Unsupported(format!("{}: {e}", f.display())))?;
+        // Channel 3 = reflectivity as the intensity; the first scan also carries ring and t.
+        let chans = if k == 0 { vec![3, 4, 5] } else { vec![3] };
+        cases.push((format!("ouster {}", f.file_name().unwrap().to_string_lossy()), scan, chans));
+    }
+    for (name, cloud) in check_clouds(seed, !quick) {
+        cases.push((name, cloud, vec![3]));
+    }
+    let configs = [
+        ("pillars", w1_pillars()),
+        ("voxels", w1_voxels()),
+        ("small caps", HardVoxelParams { max_points_per_voxel: 3, max_voxels: 1000, ..w1_pillars() }),
+    ];
+    let mut vox = GpuVoxelizer::new(ctx)?;
+    let mut rows = Vec::new();
+    for (case, cloud, chans) in &cases {
+        let (dev, host) = upload(ctx, cloud)?;
+        let proj = project(&host, chans);
+        let npts = cloud.len();
+        for (cfg_name, params) in &configs {
+            let label = format!("{case} / {cfg_name}");
+            // Hard voxelization (+ fused pillars, + standalone pillar kernel).
+            let exp = cpu::voxelize_hard(&proj, params).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+            vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
+            let (g1, pf1) = vox.hard_to_host(ctx)?;
+            let half_raw = vox.hard_features_f16(ctx, false)?;
+            let half_pillar = vox.hard_features_f16(ctx, true)?;
+            vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
+            let (g2, pf2) = vox.hard_to_host(ctx)?;
+            let half_bits = |h: &[half::f16]| {
+                h.iter().map(|v| if v.is_nan() { u16::MAX } else { v.to_bits() }).collect::<Vec<u16>>()
+            };
+            let half_same = half_bits(&half_raw) == half_bits(&cpu::features_f16(&exp.features))
+                && pf1.as_ref().is_some_and(|p| half_bits(&half_pillar) == half_bits(&cpu::features_f16(&p.features)));
+            rows.push(CheckRow {
+                operator: "voxel features fp16".into(),
+                case: label.clone(),
+                points: npts,
+                integers_identical: half_same,
+                max_rel_err: 0.0,
+                float_tolerance: 0.0,
+                deterministic: half_bits(&half_raw) == half_bits(&vox.hard_features_f16(ctx, false)?),
+                detail: format!(
+                    "{} raw + {} pillar values, fp16 bits vs CPU rounding (NaN as one class)",
+                    half_raw.len(),
+                    half_pillar.len()
+                ),
+            });
+            let ints = hard_same(&g1, &exp);
+            let rel = if bits_eq(&g1.features, &exp.features) {
+                0.0
+            } else {
+                max_rel(&g1.features, &exp.features).max(1e-300)
+            };
+            rows.push(CheckRow {
+                operator: "voxelize_hard".into(),
+                case: label.clone(),
+                points: npts,
+                integers_identical: ints,
+                max_rel_err: rel,
+                float_tolerance: 0.0,
+                deterministic: hard_same(&g1, &g2) && bits_eq(&g1.features, &g2.features),
+                detail: if ints {
+                    format!(
+                        "V={} kept={} oor={} pcap={} vcap={}",
+                        g1.voxel_count(),
+                        g1.kept_points(),
+                        g1.dropped_out_of_range,
+                        g1.dropped_point_capacity,
+                        g1.dropped_voxel_capacity
+                    )
+                } else {
+                    first_hard_diff(&g1, &exp)
+                },
+            });
+            let pf1 = pf1.unwrap();
+            let pf2 = pf2.unwrap();
+            for with_range in [true, false] {
+                let pexp = cpu::pillar_features(&exp, &params.grid, with_range)
+                    .map_err(|e| GpuError::Unsupported(e.to_string()))?;
+                let (fused, fused2) = if with_range {
+                    (pf1.clone(), pf2.clone())
+                } else {
+                    vox.hard_device(ctx, &dev, chans, params, true, Some(false))?;
+                    let a = vox.hard_to_host(ctx)?.1.unwrap();
+                    vox.hard_device(ctx, &dev, chans, params, true, Some(false))?;
+                    (a, vox.hard_to_host(ctx)?.1.unwrap())
+                };
+                // Standalone kernel on the device hard voxels.
+                vox.hard_device(ctx, &dev, chans, params, true, None)?;
+                vox.pillar_device(ctx, with_range)?;
+                let standalone = vox.hard_to_host(ctx)?.1.unwrap();
+                let same = bits_eq(&fused.features, &pexp.features) && bits_eq(&standalone.features, &pexp.features);
+                rows.push(CheckRow {
+                    operator: format!("pillar_features{}", if with_range { " (range)" } else { "" }),
+                    case: label.clone(),
+                    points: npts,
+                    integers_identical: fused.num_channels == pexp.num_channels && fused.max_points == pexp.max_points,
+                    max_rel_err: if same {
+                        0.0
+                    } else {
+                        max_rel(&fused.features, &pexp.features)
+                            .max(max_rel(&standalone.features, &pexp.features))
+                            .max(1e-300)
+                    },
+                    float_tolerance: 0.0,
+                    deterministic: bits_eq(&fused.features, &fused2.features),
+                    detail: format!("fused + standalone kernel, {} floats", fused.features.len()),
+                });
+            }
+            if *cfg_name == "small caps" {
+                continue; // dynamic ops have no caps
+            }
+            // Dynamic voxelization and downsampling.
+            let dexp = cpu::voxelize_dynamic(&proj, &params.grid);
+            vox.dynamic_device(ctx, &dev, chans, &params.grid)?;
+            let d1 = vox.dynamic_to_host(ctx)?;
+            vox.dynamic_device(ctx, &dev, chans, &params.grid)?;
+            let d2 = vox.dynamic_to_host(ctx)?;
+            rows.push(CheckRow {
+                operator: "voxelize_dynamic".into(),
+                case: label.clone(),
+                points: npts,
+                integers_identical: dyn_same(&d1, &dexp),
+                max_rel_err: max_rel(&d1.means, &dexp.means),
+                float_tolerance: 1e-6,
+                deterministic: dyn_same(&d1, &d2) && bits_eq(&d1.means, &d2.means),
+                detail: format!(
+                    "V={} oor={} means bit-identical: {}",
+                    d1.voxel_count(),
+                    d1.dropped_out_of_range,
+                    bits_eq(&d1.means, &dexp.means)
+                ),
+            });
+            let ds_exp = cpu::voxel_grid_downsample(&proj, &params.grid);
+            let ds = voxel_grid_downsample(ctx, &dev, chans, &params.grid)?;
+            let ds2 = voxel_grid_downsample(ctx, &dev, chans, &params.grid)?;
+            let cols_rel =
+                ds.cloud.columns().iter().zip(ds_exp.cloud.columns()).map(|(a, b)| max_rel(a, b)).fold(0.0, f64::max);
+            let cols_det = ds.cloud.columns().iter().zip(ds2.cloud.columns()).all(|(a, b)| bits_eq(a, b));
+            rows.push(CheckRow {
+                operator: "voxel_grid_downsample".into(),
+                case: label,
+                points: npts,
+                integers_identical: ds.cloud.len() == ds_exp.cloud.len()
+                    && ds.cloud.names() == ds_exp.cloud.names()
+                    && ds.dropped_out_of_range == ds_exp.dropped_out_of_range,
+                max_rel_err: cols_rel,
+                float_tolerance: 1e-6,
+                deterministic: cols_det && ds.dropped_out_of_range == ds2.dropped_out_of_range,
+                detail: format!("{} -> {} points", host.len(), ds.cloud.len()),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Reads `dir/name.bin` as `[N, 4]` float32 LE (x, y, z, r) into a cloud.
+fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, GpuError> {
+    let p = dir.join(format!("{name}.bin"));
+    let bytes = std::fs::read(&p).map_err(|e| GpuError::Unsupported(format!("{}: {e}", p.display())))?;
+    if bytes.len() % 16 != 0 {
+        return Err(GpuError::Unsupported(format!("{}: not [N, 4] float32", p.display())));
+    }
+    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let c = |k: usize| v.iter().skip(k).step_by(4).copied().collect::<Vec<f32>>();
+    Ok(Cloud::from_xyz(c(0), c(1), c(2)).with_channel("intensity", c(3)))
+}
+
+/// (median GPU ms between events around `f`, median host µs spent enqueueing `f`).
+fn median_ms(
+    timer: &mut StageTimer,
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), GpuError>,
+) -> Result<(f64, f64), GpuError> {
+    for _ in 0..10 {
+        f()?;
+    }
+    let mut t = Vec::with_capacity(runs);
+    let mut host = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        timer.start()?;
+        let h = std::time::Instant::now();
+        f()?;
+        host.push(h.elapsed().as_secs_f64() * 1e6);
+        timer.stage("op")?;
+        t.push(timer.finish()?[0].1 as f64);
+    }
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    host.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok((t[runs / 2], host[runs / 2]))
+}
+
+/// Per-launch GPU times (median of 100 runs, an event after every launch) of hard voxelization on
+/// the W1 pillars workloads, raw features and raw + fused pillar features: one line per workload.
+pub fn bench_stages(ctx: &GpuContext, workloads: &Path) -> Result<Vec<String>, GpuError> {
+    const RUNS: usize = 100;
+    let mut vox = GpuVoxelizer::new(ctx)?;
+    let mut timer = ctx.stage_timer();
+    let mut out = Vec::new();
+    for wl in ["scan0_xyzr", "large_xyzr"] {
+        let Ok(cloud) = load_xyzr(workloads, wl) else { continue };
+        let (dev, _) = upload(ctx, &cloud)?;
+        for (what, pillar) in [("raw", None), ("raw + pillar", Some(false))] {
+            let mut per: Vec<(String, Vec<f64>)> = Vec::new();
+            for run in 0..RUNS + 10 {
+                timer.start()?;
+                vox.hard_device_timed(ctx, &dev, &[3], &w1_pillars(), true, pillar, Some(&mut timer))?;
+                let st = timer.finish()?;
+                if run < 10 {
+                    continue;
+                }
+                for (k, (name, ms)) in st.into_iter().enumerate() {
+                    if per.len() <= k {
+                        per.push((name, Vec::new()));
+                    }
+                    per[k].1.push(ms as f64);
+                }
+            }
+            let mut line = format!("stages W1 pillars {wl} ({what}):");
+            let mut sum = 0.0;
+            for (name, mut v) in per {
+                v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let m = v[v.len() / 2];
+                sum += m;
+                line.push_str(&format!(" {name} {:.4}", m));
+            }
+            line.push_str(&format!(" | sum {:.4} ms", sum));
+            out.push(line);
+        }
+    }
+    Ok(out)
+}
+
+/// GPU time (CUDA events, 10 warm-up runs, median of 100) of the voxel operators on the W1
+/// workloads in `workloads` (`scan0_xyzr.bin`, `large_xyzr.bin`), data already on the device.
+pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
+    const RUNS: usize = 100;
+    let mut vox = GpuVoxelizer::new(ctx)?;
+    let mut timer = ctx.stage_timer();
+    let mut rows = Vec::new();
+    for (wl, target_p, peer_p, peer_v) in [("scan0_xyzr", 0.03, 0.030, 0.553), ("large_xyzr", 0.1, 0.121, 0.732)] {
+        let cloud = match load_xyzr(workloads, wl) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("bench: skipping {wl}: {e}");
+                continue;
+            }
+        };
+        let (dev, _) = upload(ctx, &cloud)?;
+        let n = dev.len;
+        let ch = [3usize];
+        for (cfg_name, params, target, peer) in
+            [("pillars", w1_pillars(), Some(target_p), Some(peer_p)), ("voxels", w1_voxels(), None, Some(peer_v))]
+        {
+            let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, None))?;
+            let (h, _) = vox.hard_to_host(ctx)?;
+            let bytes = (n * 16 + h.features.len() * 4 + h.coords.len() * 12 + h.num_points.len() * 4) as u64;
+            rows.push(BenchRow {
+                operator: "voxelize_hard".into(),
+                workload: format!("W1 {cfg_name} {wl}"),
+                points: n,
+                median_ms: ms,
+                runs: RUNS,
+                min_bytes: bytes,
+                target_ms: target,
+                peer_ms: peer,
+                note: format!("V={} kept={} host {host_us:.1} us", h.voxel_count(), h.kept_points()),
+            });
+            if cfg_name == "pillars" {
+                let (ms, host_us) =
+                    median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
+                let (h, pf) = vox.hard_to_host(ctx)?;
+                let pf = pf.unwrap();
+                rows.push(BenchRow {
+                    operator: "voxelize_hard + pillar_features (fused)".into(),
+                    workload: format!("W1 {cfg_name} {wl}"),
+                    points: n,
+                    median_ms: ms,
+                    runs: RUNS,
+                    min_bytes: bytes + pf.features.len() as u64 * 4,
+                    target_ms: if wl == "scan0_xyzr" { Some(0.05) } else { None },
+                    peer_ms: None,
+                    note: format!("V={} raw + 9-channel features host {host_us:.1} us", h.voxel_count()),
+                });
+            }
+            let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.dynamic_device(ctx, &dev, &ch, &params.grid))?;
+            let d = vox.dynamic_to_host(ctx)?;
+            rows.push(BenchRow {
+                operator: "voxelize_dynamic (means)".into(),
+                workload: format!("W1 {cfg_name} grid {wl}"),
+                points: n,
+                median_ms: ms,
+                runs: RUNS,
+                min_bytes: (n * 16 + n * 16 + d.means.len() * 4 + d.voxel_coords.len() * 16) as u64,
+                target_ms: None,
+                peer_ms: None,
+                note: format!("V={} host {host_us:.1} us", d.voxel_count()),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_clouds_are_deterministic() {
+        let a = check_clouds(7, false);
+        let b = check_clouds(7, false);
+        assert_eq!(a.len(), b.len());
+        for ((na, ca), (nb, cb)) in a.iter().zip(&b) {
+            assert_eq!(na, nb);
+            assert_eq!(ca.len(), cb.len());
+            for (x, y) in ca.columns().iter().zip(cb.columns()) {
+                assert!(bits_eq(x, y));
+            }
+        }
+        assert_eq!(a[0].1.len(), 0);
+        assert_eq!(a[1].1.len(), 1);
+    }
+
+    #[test]
+    fn compare_helpers() {
+        assert_eq!(max_rel(&[1.0, f32::NAN], &[1.0, f32::NAN]), 0.0);
+        assert!(max_rel(&[1.0], &[f32::NAN]).is_infinite());
+        assert!((max_rel(&[1.0], &[1.000001]) - 1e-6).abs() < 1e-7);
+        assert!(!bits_eq(&[0.0], &[-0.0]));
+    }
+}
