@@ -169,7 +169,8 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                 .map_err(|e| e.to_string())
                 .and_then(|b| pipeline.process_boxes_cdr(b).map_err(|e| e.to_string()))
             {
-                Ok((header, kept, boxes)) => {
+                Ok(kept) => {
+                    let header = &kept.header;
                     box_frames += 1;
                     if opts.verbose_frames {
                         say(
@@ -178,13 +179,13 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                                 "boxes stamp {}.{:09} kept {} of {}",
                                 header.stamp_sec,
                                 header.stamp_nanosec,
-                                kept.keep.len(),
-                                kept.candidates
+                                kept.nms.keep.len(),
+                                kept.nms.candidates
                             ),
                         );
                     }
                     if let Some(o) = out.as_mut() {
-                        o.write(BOXES_TOPIC, header.stamp_ns(), &boxes.to_cdr())?;
+                        o.write(BOXES_TOPIC, header.stamp_ns(), &kept.message().to_cdr())?;
                     }
                 }
                 Err(e) => {

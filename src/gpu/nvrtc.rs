@@ -70,8 +70,12 @@ pub fn compile_cubin_with_log(name: &str, source: &str, options: &[String]) -> R
     let nul = |what: &str| GpuError::Nvrtc(format!("{name}: {what} contains a NUL byte"));
     let src = CString::new(source).map_err(|_| nul("source"))?;
     let cname = CString::new(format!("{name}.cu")).expect("module names have no NUL");
-    let header_texts = HEADERS.iter().map(|(_, t)| CString::new(*t).map_err(|_| nul("a header"))).collect::<Result<Vec<_>, _>>()?;
-    let header_names = HEADERS.iter().map(|(n, _)| CString::new(*n).map_err(|_| nul("a header name"))).collect::<Result<Vec<_>, _>>()?;
+    let header_texts =
+        HEADERS.iter().map(|(_, t)| CString::new(*t).map_err(|_| nul("a header"))).collect::<Result<Vec<_>, _>>()?;
+    let header_names = HEADERS
+        .iter()
+        .map(|(n, _)| CString::new(*n).map_err(|_| nul("a header name")))
+        .collect::<Result<Vec<_>, _>>()?;
     let texts: Vec<*const std::ffi::c_char> = header_texts.iter().map(|c| c.as_ptr()).collect();
     let names: Vec<*const std::ffi::c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
     let mut prog = std::mem::MaybeUninit::<nvrtc_sys::nvrtcProgram>::uninit();

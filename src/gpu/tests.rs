@@ -270,8 +270,8 @@ fn cubin_cache_second_get_is_a_hit() {
     assert_eq!((oa, ob), (CubinOrigin::Compiled, CubinOrigin::CacheHit));
     assert_eq!(a, b);
     assert_eq!(&a[..4], b"\x7fELF", "a CUBIN, not PTX");
-    // Another profile value: another entry.
-    let o2 = compile_options("sm_87", &KernelProfile::builtin("xavier").unwrap());
+    // Another profile value (x86_64: 4 gather items per thread, orin 8): another entry.
+    let o2 = compile_options("sm_87", &KernelProfile::builtin("x86_64").unwrap());
     assert_eq!(cache.get(k, "sm_87", v, &o2).unwrap().1, CubinOrigin::Compiled);
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     let _ = std::fs::remove_dir_all(&dir);

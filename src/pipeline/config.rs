@@ -26,10 +26,10 @@ pub enum ConfigError {
     UnknownKey { path: String, key: String },
     #[error("config {path}: {key}: {message}")]
     BadValue { path: String, key: String, message: String },
-    #[error("config {path}: {section}.{source}")]
-    Invalid { path: String, section: &'static str, source: ParamError },
-    #[error("config {path}: {source}")]
-    Stages { path: String, source: StageRuleError },
+    #[error("config {path}: {section}.{error}")]
+    Invalid { path: String, section: &'static str, error: ParamError },
+    #[error("config {path}: {rule}")]
+    Stages { path: String, rule: StageRuleError },
 }
 
 /// Which voxelization the `voxelize` stage runs.
@@ -212,14 +212,13 @@ impl PipelineConfig {
         if let Some(key) = first_unknown_key(&input, &tree, "") {
             return Err(ConfigError::UnknownKey { path: path.into(), key });
         }
-        merge(&mut tree, input);
-        let cfg: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
-            let key = e.path().to_string();
-            let message = e.into_inner().to_string();
+        merge(&mut tree, input.clone());
+        let cfg: Self = serde_yaml::from_value(tree).map_err(|e| {
+            let (key, message) = bad_leaf(&input).unwrap_or_else(|| (String::new(), e.to_string()));
             ConfigError::BadValue { path: path.into(), key, message }
         })?;
-        cfg.validate().map_err(|(section, source)| ConfigError::Invalid { path: path.into(), section, source })?;
-        stages::check_rules(&cfg).map_err(|source| ConfigError::Stages { path: path.into(), source })?;
+        cfg.validate().map_err(|(section, error)| ConfigError::Invalid { path: path.into(), section, error })?;
+        stages::check_rules(&cfg).map_err(|rule| ConfigError::Stages { path: path.into(), rule })?;
         Ok(cfg)
     }
 
@@ -274,6 +273,50 @@ pub fn merge(base: &mut Value, over: Value) {
         }
         (b, o) => *b = o,
     }
+}
+
+/// The first leaf of `input` that alone, written over the defaults, fails to deserialize: its
+/// dotted path and serde's message. serde reports errors inside `flatten`ed structs at the
+/// section, not the key, so the key is found by trying the leaves one by one (only on error).
+fn bad_leaf(input: &Value) -> Option<(String, String)> {
+    let mut all = Vec::new();
+    leaves(input, "", &mut all);
+    all.into_iter().find_map(|(key, value)| {
+        let mut tree = PipelineConfig::default_tree();
+        set_path(&mut tree, &key, value);
+        serde_yaml::from_value::<PipelineConfig>(tree).err().map(|e| (key, e.to_string()))
+    })
+}
+
+/// Every leaf of a YAML tree (sequences are leaves) as (dotted path, value).
+pub fn leaves(v: &Value, prefix: &str, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Mapping(m) => {
+            for (k, v) in m {
+                let k = k.as_str().map_or_else(|| format!("{k:?}"), str::to_string);
+                let path = if prefix.is_empty() { k } else { format!("{prefix}.{k}") };
+                leaves(v, &path, out);
+            }
+        }
+        other => out.push((prefix.to_string(), other.clone())),
+    }
+}
+
+/// Writes `value` at the dotted `path` of a YAML mapping, creating mappings on the way.
+pub fn set_path(tree: &mut Value, path: &str, value: Value) {
+    let mut node = tree;
+    for part in path.split('.') {
+        if !node.is_mapping() {
+            *node = Value::Mapping(Default::default());
+        }
+        let map = node.as_mapping_mut().expect("mapping");
+        let key = Value::String(part.to_string());
+        if !map.contains_key(&key) {
+            map.insert(key.clone(), Value::Null);
+        }
+        node = map.get_mut(&key).expect("inserted");
+    }
+    *node = value;
 }
 
 /// The first key path present in `input` but not in `known` (the defaults' tree).

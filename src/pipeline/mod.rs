@@ -17,7 +17,7 @@ pub use stats::{LatencySamples, PipelineStats};
 
 use crate::cloud::{CloudError, CloudView, Header, PointCloud2, SourceIndex};
 use crate::ops::backend::OpError;
-use crate::ops::nms::NmsOutput;
+use crate::ops::nms::{Box3d, NmsOutput};
 use crate::ops::voxel::{DynamicVoxels, HardVoxels};
 use std::time::{Duration, Instant};
 
@@ -128,14 +128,28 @@ impl Pipeline {
     /// Decodes, validates and processes one CDR-encoded PointCloud2. A malformed message is
     /// counted and returned as an error; the pipeline stays usable.
     pub fn process_cdr<'a>(&mut self, bytes: &'a [u8]) -> Result<FrameOutput<'a>, FrameError> {
-        self.stats.clouds_received += 1;
         let mut timings = Vec::new();
-        let result = timed(&mut timings, "decode", || CloudView::decode(bytes))
-            .map_err(FrameError::from)
-            .and_then(|view| {
-                let results = self.engine.run(&self.config, &view, &mut timings)?;
-                Ok(FrameOutput { view, fps_input: self.config.fps.input, results, timings })
-            });
+        match timed(&mut timings, "decode", || CloudView::decode(bytes)) {
+            Ok(view) => self.process_timed(view, timings),
+            Err(e) => {
+                self.stats.clouds_received += 1;
+                self.stats.malformed += 1;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Processes a cloud decoded and validated by the caller (the ROS nodes validate on receipt).
+    pub fn process<'a>(&mut self, view: CloudView<'a>) -> Result<FrameOutput<'a>, FrameError> {
+        self.process_timed(view, Vec::new())
+    }
+
+    fn process_timed<'a>(&mut self, view: CloudView<'a>, mut timings: Timings) -> Result<FrameOutput<'a>, FrameError> {
+        self.stats.clouds_received += 1;
+        let result = self
+            .engine
+            .run(&self.config, &view, &mut timings)
+            .map(|results| FrameOutput { view, fps_input: self.config.fps.input, results, timings });
         match &result {
             Ok(out) => {
                 let r = &out.results;
@@ -158,25 +172,48 @@ impl Pipeline {
         result
     }
 
-    /// Runs NMS over one CDR-encoded PointCloud2 of box records; returns the kept boxes' message.
-    pub fn process_boxes_cdr(&mut self, bytes: &[u8]) -> Result<(Header, NmsOutput, PointCloud2<'static>), FrameError> {
-        let parsed = CloudView::decode(bytes).map_err(FrameError::from).and_then(|view| {
-            let g = view.gather();
-            let boxes = outputs::boxes_from_cloud(&g.cloud).map_err(FrameError::BadBoxes)?;
-            Ok((view.msg.header, boxes))
-        });
-        let (header, (boxes, scores, labels)) = parsed.inspect_err(|_| self.stats.malformed += 1)?;
+    /// Runs NMS over one CDR-encoded PointCloud2 of box records.
+    pub fn process_boxes_cdr(&mut self, bytes: &[u8]) -> Result<KeptBoxes, FrameError> {
+        let view = CloudView::decode(bytes).inspect_err(|_| self.stats.malformed += 1)?;
+        self.process_boxes(&view)
+    }
+
+    /// NMS over box records decoded and validated by the caller.
+    pub fn process_boxes(&mut self, view: &CloudView<'_>) -> Result<KeptBoxes, FrameError> {
+        let g = view.gather();
+        let (boxes, scores, labels) = outputs::boxes_from_cloud(&g.cloud).map_err(|field| {
+            self.stats.malformed += 1;
+            FrameError::BadBoxes(field)
+        })?;
+        let header = view.msg.header.clone();
         let t = Instant::now();
-        let kept = self.engine.nms(&boxes, &scores, &labels, &self.config.nms.params)?;
+        let nms = self.engine.nms(&boxes, &scores, &labels, &self.config.nms.params)?;
         self.stats.record_stage("nms", t.elapsed());
         let pick = |k: &u32| *k as usize;
-        let msg = outputs::boxes_message(
-            &header,
-            &kept.keep.iter().map(|k| boxes[pick(k)]).collect::<Vec<_>>(),
-            &kept.keep.iter().map(|k| scores[pick(k)]).collect::<Vec<_>>(),
-            &kept.keep.iter().map(|k| labels[pick(k)]).collect::<Vec<_>>(),
-        );
-        Ok((header, kept, msg))
+        Ok(KeptBoxes {
+            boxes: nms.keep.iter().map(|k| boxes[pick(k)]).collect(),
+            scores: nms.keep.iter().map(|k| scores[pick(k)]).collect(),
+            labels: nms.keep.iter().map(|k| labels[pick(k)]).collect(),
+            header,
+            nms,
+        })
+    }
+}
+
+/// The boxes NMS kept, in keep order, with their input's header.
+#[derive(Debug, Clone)]
+pub struct KeptBoxes {
+    pub header: Header,
+    pub nms: NmsOutput,
+    pub boxes: Vec<Box3d>,
+    pub scores: Vec<f32>,
+    pub labels: Vec<i32>,
+}
+
+impl KeptBoxes {
+    /// The `boxes` topic's message (box records).
+    pub fn message(&self) -> PointCloud2<'static> {
+        outputs::boxes_message(&self.header, &self.boxes, &self.scores, &self.labels)
     }
 }
 

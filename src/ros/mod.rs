@@ -27,4 +27,4 @@ pub use crate::cloud::validate as validate_cloud;
 pub use node::{common_params, list_params, node_main, run_node, NodeStats};
 pub use params::ParamTable;
 pub use pipeline_stage::{NodeKind, PipelineStage};
-pub use stage::{error_kind, Input, Output, OutputSpec, ParamSpec, ParamValue, Params, RelayStage, Stage};
+pub use stage::{error_kind, Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage};

@@ -21,7 +21,7 @@ use super::params::ParamTable;
 use super::queue::{LatestQueue, Pop};
 use super::ratelimit::RateLimiter;
 use super::stage::{error_kind, Input, ParamSpec, ParamValue, Params, Stage};
-use crate::cloud::{validate as validate_cloud, PointCloud2, POINTCLOUD2_TYPE};
+use crate::cloud::{CloudView, POINTCLOUD2_TYPE};
 use crate::pipeline::LatencySamples;
 
 /// The parameters every node declares (a stage's own come after them).
@@ -459,8 +459,7 @@ fn process_loop<S: Stage>(
         }
 
         let Some(frame) = frame else { continue };
-        let decoded = PointCloud2::from_cdr(&frame.cdr).and_then(|m| validate_cloud(&m).map(|l| (m, l)));
-        let (msg, layout) = match decoded {
+        let view = match CloudView::decode(&frame.cdr) {
             Ok(v) => v,
             Err(e) => {
                 stats.malformed.fetch_add(1, Ordering::Relaxed);
@@ -483,11 +482,11 @@ fn process_loop<S: Stage>(
         };
 
         let t0 = Instant::now();
-        let input = Input { cdr: &frame.cdr, msg: &msg, layout: &layout };
+        let input = Input { cdr: &frame.cdr, view: &view };
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| stage.process(&input)));
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         stats.processed.fetch_add(1, Ordering::Relaxed);
-        stats.points_in.fetch_add(msg.num_points(), Ordering::Relaxed);
+        stats.points_in.fetch_add(view.msg.num_points(), Ordering::Relaxed);
         let mut latency_ms = None;
         let error = match result {
             Ok(Ok(outputs)) => {

@@ -22,12 +22,13 @@ use anyhow::{anyhow, bail, Context as _};
 use serde_yaml::Value;
 
 use super::stage::{Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage};
-use crate::cloud::{gather, POINTCLOUD2_TYPE};
+use crate::cloud::POINTCLOUD2_TYPE;
 use crate::gpu::{BackendKind, ProfileChoice};
-use crate::pipeline::outputs::{boxes_from_cloud, markers_cdr, MARKER_ARRAY_TYPE};
+use crate::pipeline::outputs::{markers_cdr, MARKER_ARRAY_TYPE};
+use crate::pipeline::config::{leaves, set_path};
 use crate::pipeline::{
     ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC,
-    VOXELS_TOPIC,
+    VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,
 };
 
 /// Which node: which stages it runs, which parameters it declares, which topics it publishes.
@@ -102,8 +103,10 @@ impl NodeKind {
     /// Output topics (relative names, published under the node: `~/<topic>`).
     pub fn topics(self) -> &'static [&'static str] {
         match self {
-            NodeKind::Pipeline => &[VOXELS_TOPIC, DOWNSAMPLED_TOPIC, SAMPLES_TOPIC, NEIGHBORHOODS_TOPIC],
-            NodeKind::Voxelizer => &[VOXELS_TOPIC, DOWNSAMPLED_TOPIC],
+            NodeKind::Pipeline => {
+                &[VOXELS_TOPIC, VOXEL_FEATURES_TOPIC, DOWNSAMPLED_TOPIC, SAMPLES_TOPIC, NEIGHBORHOODS_TOPIC]
+            }
+            NodeKind::Voxelizer => &[VOXELS_TOPIC, VOXEL_FEATURES_TOPIC, DOWNSAMPLED_TOPIC],
             NodeKind::Sampler => &[SAMPLES_TOPIC],
             NodeKind::Neighbors => &[NEIGHBORHOODS_TOPIC],
             NodeKind::Nms => &[BOXES_TOPIC, MARKERS_TOPIC],
@@ -166,20 +169,6 @@ fn tidy(v: f64) -> f64 {
     }
 }
 
-/// Every leaf of a YAML tree as (dotted path, value).
-fn leaves(v: &Value, prefix: &str, out: &mut Vec<(String, Value)>) {
-    match v {
-        Value::Mapping(m) => {
-            for (k, v) in m {
-                let k = k.as_str().map_or_else(|| format!("{k:?}"), str::to_string);
-                let path = if prefix.is_empty() { k } else { format!("{prefix}.{k}") };
-                leaves(v, &path, out);
-            }
-        }
-        other => out.push((prefix.to_string(), other.clone())),
-    }
-}
-
 /// A YAML leaf as a parameter value; `null` (an optional count) becomes 0.
 fn to_param(v: &Value) -> Option<ParamValue> {
     Some(match v {
@@ -211,40 +200,6 @@ fn to_yaml(v: &ParamValue, nullable: bool) -> Value {
     }
 }
 
-/// Writes `over` onto `base`: mappings merge key by key, anything else replaces.
-fn merge(base: &mut Value, over: Value) {
-    match (base, over) {
-        (Value::Mapping(b), Value::Mapping(o)) => {
-            for (k, v) in o {
-                match b.get_mut(&k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k, v);
-                    }
-                }
-            }
-        }
-        (b, o) => *b = o,
-    }
-}
-
-/// Writes `value` at the dotted `path` of a YAML mapping, creating mappings on the way.
-fn set_path(tree: &mut Value, path: &str, value: Value) {
-    let mut node = tree;
-    for part in path.split('.') {
-        if !node.is_mapping() {
-            *node = Value::Mapping(Default::default());
-        }
-        let map = node.as_mapping_mut().expect("mapping");
-        let key = Value::String(part.to_string());
-        if !map.contains_key(&key) {
-            map.insert(key.clone(), Value::Null);
-        }
-        node = map.get_mut(&key).expect("inserted");
-    }
-    *node = value;
-}
-
 /// One configuration key declared as a parameter.
 #[derive(Debug, Clone)]
 struct KeyParam {
@@ -255,9 +210,8 @@ struct KeyParam {
 
 /// The pipeline keys a node kind declares, from the default configuration's YAML tree.
 fn key_params(kind: NodeKind) -> Vec<KeyParam> {
-    let tree = serde_yaml::to_value(PipelineConfig::default()).expect("the default config serializes");
     let mut all = Vec::new();
-    leaves(&tree, "", &mut all);
+    leaves(&PipelineConfig::default_tree(), "", &mut all);
     let forced: Vec<&str> = kind.forced().iter().map(|(k, _)| *k).collect();
     all.into_iter()
         .filter(|(key, _)| {
@@ -347,11 +301,6 @@ impl PipelineStage {
                     tree
                 }
             };
-            // Start from the defaults so that a section the file leaves out (or gives in part) is
-            // complete once a switch or a parameter is written into it.
-            let mut full = serde_yaml::to_value(PipelineConfig::default()).context("default configuration")?;
-            merge(&mut full, tree);
-            let tree = full;
             let label = if file.is_empty() { "ROS parameters".to_string() } else { format!("{file} + ROS parameters") };
             self.base = Some((label, tree));
         }
@@ -376,18 +325,13 @@ impl PipelineStage {
         for (key, on) in self.kind.forced() {
             set_path(&mut tree, key, Value::Bool(*on));
         }
-        let text = serde_yaml::to_string(&tree).context("configuration tree")?;
-        let cfg = PipelineConfig::from_yaml(&text, &label).map_err(|e| match e {
+        PipelineConfig::from_tree(tree, &label).map_err(|e| match e {
             // Name the parameter as it is declared: `neighbors.ball_query.min_radius`.
-            ConfigError::Invalid { section, source, .. } => {
-                anyhow!("parameter '{section}.{}' = {}: must be {} ({label})", source.key, source.value, source.allowed)
+            ConfigError::Invalid { section, error, .. } => {
+                anyhow!("parameter '{section}.{}' = {}: must be {} ({label})", error.key, error.value, error.allowed)
             }
             e => anyhow!("{e}"),
-        })?;
-        if cfg.neighbors.enabled && !cfg.fps.enabled {
-            bail!("{label}: neighbors.enabled needs fps.enabled (the neighbourhoods are around the FPS samples)");
-        }
-        Ok(cfg)
+        })
     }
 }
 
@@ -490,15 +434,13 @@ impl Stage for PipelineStage {
         let mut out = Vec::new();
         self.last.clear();
         if self.kind == NodeKind::Nms {
-            let (header, kept, msg) = p.process_boxes_cdr(input.cdr)?;
-            let g = gather(&msg)?;
-            let (boxes, _scores, labels) = boxes_from_cloud(&g.cloud).map_err(|e| anyhow!(e))?;
-            out.push((format!("~/{BOXES_TOPIC}"), msg.to_cdr()));
-            out.push((format!("~/{MARKERS_TOPIC}"), markers_cdr(&header, &boxes, &labels, MARKER_NS)));
-            self.last.push(("last.boxes_in".into(), kept.candidates.to_string()));
-            self.last.push(("last.boxes_kept".into(), kept.keep.len().to_string()));
+            let kept = p.process_boxes(input.view)?;
+            out.push((format!("~/{BOXES_TOPIC}"), kept.message().to_cdr()));
+            out.push((format!("~/{MARKERS_TOPIC}"), markers_cdr(&kept.header, &kept.boxes, &kept.labels, MARKER_NS)));
+            self.last.push(("last.boxes_in".into(), kept.nms.candidates.to_string()));
+            self.last.push(("last.boxes_kept".into(), kept.nms.keep.len().to_string()));
         } else {
-            let frame = p.process_cdr(input.cdr)?;
+            let frame = p.process(input.view.clone())?;
             let topics = self.kind.topics();
             for (topic, msg) in frame.messages(&p.config.features) {
                 if topics.contains(&topic) {
@@ -506,7 +448,7 @@ impl Stage for PipelineStage {
                     out.push((format!("~/{topic}"), msg.to_cdr()));
                 }
             }
-            self.last.push(("last.points".into(), frame.input.cloud.len().to_string()));
+            self.last.push(("last.points".into(), frame.results.points.to_string()));
         }
         self.frames += 1;
         self.refresh_stats();

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cloud::{Cloud, CloudError, Header, PointCloud2, PointLayout};
+use crate::cloud::{CloudError, CloudView, Header};
 
 /// A parameter value (the ROS types a stage needs).
 #[derive(Debug, Clone, PartialEq)]
@@ -193,13 +193,13 @@ impl OutputSpec {
 pub struct Input<'a> {
     /// The message as received (CDR), e.g. to forward it unchanged.
     pub cdr: &'a [u8],
-    pub msg: &'a PointCloud2<'a>,
-    pub layout: &'a PointLayout,
+    /// The message decoded and validated (once, by the node).
+    pub view: &'a CloudView<'a>,
 }
 
 impl Input<'_> {
     pub fn header(&self) -> &Header {
-        &self.msg.header
+        &self.view.msg.header
     }
 }
 
@@ -266,87 +266,11 @@ pub fn error_kind(e: &CloudError) -> &'static str {
     }
 }
 
-/// Placeholder stage until the pipeline is plugged in: gathers the input (any layout) into the
-/// float32 SoA cloud and republishes it as packed float32 PointCloud2 on `~/points`, with the
-/// input header. It exercises every part of the plumbing (decode, gather, encode, publish).
-pub struct RelayStage {
-    name: String,
-    frames: u64,
-    points_in: u64,
-    points_out: u64,
-    dropped_non_finite: u64,
-    delay: std::time::Duration,
-}
-
-impl RelayStage {
-    pub const OUTPUT: &'static str = "~/points";
-
-    pub fn new(name: &str) -> Self {
-        Self {
-            name: name.into(),
-            frames: 0,
-            points_in: 0,
-            points_out: 0,
-            dropped_non_finite: 0,
-            delay: Default::default(),
-        }
-    }
-}
-
-impl Stage for RelayStage {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn params(&self) -> Vec<ParamSpec> {
-        vec![ParamSpec::int(
-            "relay_delay_ms",
-            0,
-            0,
-            10_000,
-            "Test aid: extra processing time per cloud, to exercise the latest-wins queue.",
-        )]
-    }
-
-    fn outputs(&self) -> Vec<OutputSpec> {
-        vec![OutputSpec::new(Self::OUTPUT, crate::cloud::POINTCLOUD2_TYPE)]
-    }
-
-    fn configure(&mut self, params: &Params) -> anyhow::Result<()> {
-        self.delay = std::time::Duration::from_millis(params.int("relay_delay_ms").unwrap_or(0) as u64);
-        Ok(())
-    }
-
-    fn process(&mut self, input: &Input<'_>) -> anyhow::Result<Vec<Output>> {
-        if !self.delay.is_zero() {
-            std::thread::sleep(self.delay);
-        }
-        let gathered = crate::cloud::gather(input.msg)?;
-        let cloud: &Cloud = &gathered.cloud;
-        self.frames += 1;
-        self.points_in += input.msg.num_points();
-        self.points_out += cloud.len() as u64;
-        self.dropped_non_finite += gathered.dropped_non_finite as u64;
-        let out = PointCloud2::from_cloud(input.header().clone(), cloud, &PointLayout::packed_for(cloud));
-        Ok(vec![(Self::OUTPUT.to_string(), out.to_cdr())])
-    }
-
-    fn stats(&self) -> Vec<(String, String)> {
-        vec![
-            ("stage".into(), "relay (pipeline not wired yet)".into()),
-            ("relay.frames".into(), self.frames.to_string()),
-            ("relay.points_in".into(), self.points_in.to_string()),
-            ("relay.points_out".into(), self.points_out.to_string()),
-            ("relay.dropped_non_finite".into(), self.dropped_non_finite.to_string()),
-        ]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cloud::validate as validate_cloud;
-    use crate::cloud::{Datatype, PointField};
+    use crate::cloud::{Datatype, PointCloud2, PointField};
     use std::borrow::Cow;
 
     fn msg(fields: Vec<PointField>, point_step: u32, n: u32, data_len: usize) -> PointCloud2<'static> {
@@ -388,18 +312,4 @@ mod tests {
         assert!(p.full_description().contains("[0.01, 10]"));
     }
 
-    #[test]
-    fn relay_round_trips_points() {
-        let cloud = Cloud::from_points(&[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).with_channel("intensity", vec![7.0, 8.0]);
-        let m = PointCloud2::from_cloud(Header::default(), &cloud, &PointLayout::ouster());
-        let cdr = m.to_cdr();
-        let dec = PointCloud2::from_cdr(&cdr).unwrap();
-        let layout = validate_cloud(&dec).unwrap();
-        let mut s = RelayStage::new("t");
-        let out = s.process(&Input { cdr: &cdr, msg: &dec, layout: &layout }).unwrap();
-        assert_eq!(out.len(), 1);
-        let (_, g) = Cloud::from_cdr(&out[0].1).unwrap();
-        assert_eq!(g.cloud.point(1), [4.0, 5.0, 6.0]);
-        assert_eq!(g.cloud.intensity().unwrap(), &[7.0, 8.0]);
-    }
 }

@@ -4,9 +4,9 @@
 use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
 use super::smoke::{big_message, compare_with_cpu, exotic_message};
 use super::{fps, neighbors, nms, voxel};
-use crate::gpu::{BackendKind, GpuContext, GpuError, GpuOptions, ProfileChoice};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
+use crate::gpu::{BackendKind, GpuContext, GpuError, GpuOptions, ProfileChoice};
 use crate::pipeline::{Engine, Pipeline, PipelineConfig};
 use std::path::Path;
 use std::time::Instant;

@@ -9,6 +9,7 @@ pub fn ouster_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/ouster")
 }
 
+#[allow(unused_imports)] // not every test crate that includes this module uses it
 pub use lidar_kernels::bag::sample::OUSTER_SCANS;
 
 /// Loads an Ouster scan as a cloud with channels x, y, z, reflectivity, ring, t.

@@ -24,7 +24,9 @@ use super::{validate_input, Box3d, NmsError, NmsKind, NmsOutput, NmsParams};
 use crate::gpu::{GpuContext, GpuError, GrowBuffer, StageTimer};
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 
+/// Boxes per tile = threads of a mask block (`NMS_TILE` in cuda/nms.cu): one u64 mask word.
 const TILE: usize = 64;
+/// Threads of the key, rank and prep blocks (`NMS_AUX_BLOCK` in cuda/nms.cu).
 const AUX_BLOCK: u32 = 256;
 /// Must match SWEEP_THREADS / SWEEP_EPT in cuda/nms.cu.
 const SWEEP_THREADS: u32 = 512;

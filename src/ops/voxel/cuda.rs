@@ -789,12 +789,9 @@ mod tests {
         }
         let k = crate::gpu::kernels::kernel("voxel").unwrap();
         let profiles = crate::gpu::profile::KernelProfile::builtins().unwrap();
-        let rep = crate::gpu::nvrtc::nvrtc_check_with(
-            std::slice::from_ref(k),
-            &profiles,
-            &crate::gpu::nvrtc::CHECK_ARCHS,
-        )
-        .unwrap();
+        let rep =
+            crate::gpu::nvrtc::nvrtc_check_with(std::slice::from_ref(k), &profiles, &crate::gpu::nvrtc::CHECK_ARCHS)
+                .unwrap();
         println!("{rep}");
         assert!(rep.all_ok(), "{rep}");
     }

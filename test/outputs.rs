@@ -1,0 +1,206 @@
+//! The published messages keep what came in: pass-through fields bit for bit in their own
+//! datatype, wide fields' means computed in f64, integer fields exact for any cloud size, hard
+//! voxels as [V, P, C] features, neighbourhood rows naming their query.
+
+use lidar_kernels::cloud::{CloudView, Datatype, Header, PointCloud2, PointField};
+use lidar_kernels::pipeline::{Pipeline, PipelineConfig, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC};
+use rand::{Rng, SeedableRng};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+/// x, y, z f32 at 0, 4, 8; intensity f32 at 12; `timestamp` FLOAT64 at 16 (absolute seconds, as
+/// Hesai/Velodyne drivers publish it); `t` UINT32 at 24 (ns offsets far above 2^24); 4 bytes of
+/// padding; point_step 32.
+fn wide_layout() -> Vec<PointField> {
+    vec![
+        PointField::new("x", 0, Datatype::Float32),
+        PointField::new("y", 4, Datatype::Float32),
+        PointField::new("z", 8, Datatype::Float32),
+        PointField::new("intensity", 12, Datatype::Float32),
+        PointField::new("timestamp", 16, Datatype::Float64),
+        PointField::new("t", 24, Datatype::Uint32),
+    ]
+}
+
+fn message(records: Vec<u8>, n: usize) -> Vec<u8> {
+    PointCloud2 {
+        header: Header { stamp_sec: 1_700_000_000, stamp_nanosec: 5, frame_id: "lidar".into() },
+        height: 1,
+        width: n as u32,
+        fields: wide_layout(),
+        is_bigendian: false,
+        point_step: 32,
+        row_step: 32 * n as u32,
+        data: Cow::Owned(records),
+        is_dense: true,
+    }
+    .to_cdr()
+}
+
+struct Point {
+    xyz: [f32; 3],
+    stamp: f64,
+    t: u32,
+}
+
+fn record(p: &Point, intensity: f32, pad: u32) -> Vec<u8> {
+    let mut r = Vec::with_capacity(32);
+    for v in p.xyz {
+        r.extend_from_slice(&v.to_le_bytes());
+    }
+    r.extend_from_slice(&intensity.to_le_bytes());
+    r.extend_from_slice(&p.stamp.to_le_bytes());
+    r.extend_from_slice(&p.t.to_le_bytes());
+    r.extend_from_slice(&pad.to_le_bytes());
+    r
+}
+
+fn config(yaml: &str) -> PipelineConfig {
+    PipelineConfig::from_yaml(yaml, "test").unwrap()
+}
+
+fn topic<'m>(msgs: &'m [(&'static str, PointCloud2<'static>)], name: &str) -> &'m PointCloud2<'static> {
+    &msgs.iter().find(|(t, _)| *t == name).unwrap_or_else(|| panic!("no {name}")).1
+}
+
+/// Samples are the input's records, byte for byte (FLOAT64 stamp, UINT32 t, even the padding);
+/// the downsampled stamps and t are the f64 means of their voxel's points.
+#[test]
+fn float64_stamps_and_uint32_offsets_come_out_exact() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Points 0.05 m around the centres of 0.2 m voxels, so the voxel of each point is known here.
+    let mut points = Vec::new();
+    for v in 0..300 {
+        let centre = [(v % 10) as f32 * 0.2 + 0.1, ((v / 10) % 10) as f32 * 0.2 + 0.1, (v / 100) as f32 * 0.2 + 0.1];
+        for _ in 0..rng.random_range(1..6) {
+            let mut jitter = || rng.random_range(-0.05f32..0.05);
+            let xyz = [centre[0] + jitter(), centre[1] + jitter(), centre[2] + jitter()];
+            let stamp = 1_733_000_000.0 + rng.random_range(0.0..0.1);
+            points.push((v, Point { xyz, stamp, t: rng.random_range(50_000_000..100_000_000) }));
+        }
+    }
+    // Shuffle so a voxel's points are not contiguous.
+    for i in (1..points.len()).rev() {
+        let j = rng.random_range(0..=i);
+        points.swap(i, j);
+    }
+    let n = points.len();
+    let records: Vec<Vec<u8>> = points.iter().enumerate().map(|(i, (_, p))| record(p, i as f32, 0xdead_0000 + i as u32)).collect();
+    let cdr = message(records.concat(), n);
+    let cfg = config(
+        "voxelize: {enabled: false}\nneighbors: {enabled: false}\nfps: {num_samples: 64, start_index: 3}\n\
+         downsample: {voxel_size: [0.2, 0.2, 0.2], point_cloud_range: [0, 0, 0, 2, 2, 2]}",
+    );
+    let mut pipeline = Pipeline::new(cfg.clone());
+    let frame = pipeline.process_cdr(&cdr).unwrap();
+    let msgs = frame.messages(&cfg.features);
+
+    let samples = CloudView::new(topic(&msgs, SAMPLES_TOPIC).clone()).unwrap();
+    let indices = frame.results.samples.as_ref().unwrap();
+    assert_eq!(samples.len(), 64);
+    for (k, &i) in indices.iter().enumerate() {
+        assert_eq!(samples.record(k), &records[i as usize][..], "sample {k} (point {i})");
+    }
+
+    // Downsampled: group by the known voxel, in input order, f64 sums.
+    let mut groups: BTreeMap<[i32; 3], (u32, f64, f64, usize)> = BTreeMap::new();
+    for (order, (_, p)) in points.iter().enumerate() {
+        let key = [(p.xyz[2] / 0.2) as i32, (p.xyz[1] / 0.2) as i32, (p.xyz[0] / 0.2) as i32];
+        let g = groups.entry(key).or_insert((0, 0.0, 0.0, order));
+        g.0 += 1;
+        g.1 += p.stamp;
+        g.2 += p.t as f64;
+    }
+    let down = CloudView::new(topic(&msgs, DOWNSAMPLED_TOPIC).clone()).unwrap();
+    assert_eq!(down.len(), groups.len());
+    assert_eq!(down.layout, CloudView::decode(&cdr).unwrap().layout, "the input's own layout");
+    // Output voxels are in first-point order.
+    let mut expected: Vec<_> = groups.values().collect();
+    expected.sort_by_key(|g| g.3);
+    let (stamp_f, t_f) = (&down.layout.fields[4], &down.layout.fields[5]);
+    for (v, (count, stamp_sum, t_sum, _)) in expected.into_iter().enumerate() {
+        let stamp = down.value(stamp_f, v);
+        assert_eq!(stamp.to_bits(), (stamp_sum / *count as f64).to_bits(), "voxel {v} stamp {stamp}");
+        assert_eq!(down.value(t_f, v), (t_sum / *count as f64).round(), "voxel {v} t");
+    }
+}
+
+/// A 17.5 M-point cloud: indices above 2^24 (where float32 has no odd integers) come out exact in
+/// `samples` (the record itself), `neighborhoods.index` and `neighborhoods.query_index`.
+#[test]
+fn indices_above_2_pow_24_are_exact() {
+    const N: usize = 17_500_000;
+    let start = N - 3; // odd and > 2^24: float32 would round it
+    // Distinct points on a 0.5 m lattice (exact in f32), 32-byte records.
+    let mut data = vec![0u8; 32 * N];
+    for (i, r) in data.chunks_exact_mut(32).enumerate() {
+        let xyz = [(i % 256) as f32 * 0.5, ((i / 256) % 256) as f32 * 0.5, (i / 65536) as f32 * 0.5];
+        r[..32].copy_from_slice(&record(&Point { xyz, stamp: i as f64, t: i as u32 }, 1.0, 0));
+    }
+    let cdr = message(data, N);
+    let cfg = config(
+        "voxelize: {enabled: false}\ndownsample: {enabled: false}\nfps: {num_samples: 2, start_index: 17499997}\n\
+         neighbors: {mode: knn, knn: {k: 1}}",
+    );
+    assert_eq!(cfg.fps.params.start_index, start);
+    let mut pipeline = Pipeline::new(cfg.clone());
+    let frame = pipeline.process_cdr(&cdr).unwrap();
+    let msgs = frame.messages(&cfg.features);
+    let samples = CloudView::new(topic(&msgs, SAMPLES_TOPIC).clone()).unwrap();
+    let t_field = &samples.layout.fields[5];
+    assert_eq!(samples.value(t_field, 0), start as f64, "the start point's own t");
+    let nb = CloudView::new(topic(&msgs, NEIGHBORHOODS_TOPIC).clone()).unwrap();
+    let field = |name: &str| nb.layout.fields.iter().find(|f| f.name == name).unwrap().clone();
+    let (index, query, query_index) = (field("index"), field("query"), field("query_index"));
+    assert_eq!((nb.msg.height, nb.msg.width), (2, 1));
+    // k = 1: a point's nearest neighbour is itself (distance 0, lowest index first).
+    let samples_idx = frame.results.samples.as_ref().unwrap();
+    for q in 0..2 {
+        assert_eq!(nb.value(&query, q), q as f64);
+        assert_eq!(nb.value(&query_index, q), samples_idx[q] as f64);
+        assert_eq!(nb.value(&index, q), samples_idx[q] as f64);
+    }
+    assert_eq!(samples_idx[0] as usize, start);
+}
+
+/// `voxel_features` is [V, P, C]: one row per voxel of `voxels` (same order), the voxel's points
+/// in its first num_points slots (inside that voxel), zeros after.
+#[test]
+fn hard_voxels_are_published_as_features() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let n = 5000;
+    let pts: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            let xyz = [rng.random_range(-20.0f32..20.0), rng.random_range(-20.0f32..20.0), rng.random_range(-2.0f32..2.0)];
+            record(&Point { xyz, stamp: 0.0, t: 0 }, i as f32 + 1.0, 0)
+        })
+        .collect();
+    let cdr = message(pts.concat(), n);
+    let cfg = config("voxelize: {voxel_size: [2, 2, 4], max_points_per_voxel: 8}\nfps: {enabled: false}\nneighbors: {enabled: false}");
+    let mut pipeline = Pipeline::new(cfg.clone());
+    let frame = pipeline.process_cdr(&cdr).unwrap();
+    let msgs = frame.messages(&cfg.features);
+    let voxels = CloudView::new(topic(&msgs, "voxels").clone()).unwrap();
+    let feats = CloudView::new(topic(&msgs, "voxel_features").clone()).unwrap();
+    let names: Vec<&str> = feats.layout.fields.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["x", "y", "z", "intensity"]);
+    assert_eq!((feats.msg.height as usize, feats.msg.width), (voxels.len(), 8));
+    let vf = |name: &str| voxels.layout.fields.iter().find(|f| f.name == name).unwrap().clone();
+    let (np, cz, cy, cx) = (vf("num_points"), vf("voxel_z"), vf("voxel_y"), vf("voxel_x"));
+    for v in 0..voxels.len() {
+        let count = voxels.value(&np, v) as usize;
+        let coord = [voxels.value(&cx, v), voxels.value(&cy, v), voxels.value(&cz, v)];
+        for s in 0..8 {
+            let slot = v * 8 + s;
+            let xyz = feats.xyz(slot);
+            let intensity = feats.value(&feats.layout.fields[3], slot);
+            if s < count {
+                let cell = [((xyz[0] + 51.2) / 2.0).floor(), ((xyz[1] + 51.2) / 2.0).floor(), ((xyz[2] + 5.0) / 4.0).floor()];
+                assert_eq!(cell.map(|c| c as f64), coord, "voxel {v} slot {s}");
+                assert!(intensity >= 1.0, "a real point's intensity");
+            } else {
+                assert_eq!((xyz, intensity), ([0.0; 3], 0.0), "padding of voxel {v} slot {s}");
+            }
+        }
+    }
+}
