@@ -9,11 +9,13 @@
 //   grid_scatter  points (x, y, z, index) binned by cell; order inside a cell is arbitrary, which
 //                 cannot change a result: KNN keeps the smallest (dist2, index) keys, ball query the
 //                 smallest indices, both total orders on distinct keys.
-// Queries: one thread per query.
+// Queries: one warp per query for widths <= 32 (knn_warp_cells, ball_warp; the sorted list is
+// spread over the lanes), one thread per query with the list in global memory above
+// (knn_global, ball_global).
 //   knn: rings of cells (Chebyshev shells) around the query's cell, a sorted top-k list of u64 keys
-//        (dist2 bits << 32 | index) in registers (k <= 32) or in global memory (larger k), runs of
-//        cells whose conservative lower bound exceeds the k-th distance skipped, stop when every
-//        unvisited cell is provably farther than the k-th distance (same f64 bounds as the CPU).
+//        (dist2 bits << 32 | index), runs of cells whose conservative lower bound exceeds the k-th
+//        distance skipped, stop when every unvisited cell is provably farther than the k-th
+//        distance (same f64 bounds as the CPU).
 //   ball: the cells overlapping the ball, candidates with rmin2 <= dist2 < r2, keeping the nsample
 //        smallest indices (= the first nsample in input order) in a bounded sorted list.
 //
@@ -296,51 +298,6 @@ __device__ __forceinline__ void serial_ball_run(L& best, const float4* __restric
         serial_ball_run(*this, sorted, a, b, qx, qy, qz, r2, rmin2, found);                                    \
     }
 
-
-template <int CAP>
-struct RegList {
-    u64 v[CAP];
-    unsigned int k; // live width (<= CAP)
-    u64 kth;        // v[k - 1]
-    __device__ __forceinline__ void init(unsigned int kk, u64* /*unused*/) {
-        k = kk;
-#pragma unroll
-        for (int j = 0; j < CAP; ++j) v[j] = KEY_NONE;
-        kth = KEY_NONE;
-    }
-    // Precondition: key < kth.
-    __device__ __forceinline__ void insert(u64 key) {
-#pragma unroll
-        for (int j = CAP - 1; j > 0; --j) {
-            const u64 a = v[j - 1];
-            v[j] = key < a ? a : (key < v[j] ? key : v[j]);
-        }
-        v[0] = key < v[0] ? key : v[0];
-        u64 t = KEY_NONE;
-#pragma unroll
-        for (int j = 0; j < CAP; ++j)
-            if ((unsigned int)j == k - 1u) t = v[j];
-        kth = t;
-    }
-    SERIAL_RUNS
-    __device__ __forceinline__ u64 first() const { return v[0]; }
-    __device__ __forceinline__ void emit_knn(int* oi, float* od) const {
-#pragma unroll
-        for (int j = 0; j < CAP; ++j) {
-            if ((unsigned int)j < k) {
-                const u64 key = v[j];
-                oi[j] = key == KEY_NONE ? -1 : (int)(unsigned int)(key & 0xffffffffull);
-                od[j] = key == KEY_NONE ? __int_as_float(0x7f800000) : __uint_as_float((unsigned int)(key >> 32));
-            }
-        }
-    }
-    __device__ __forceinline__ void emit_ball(int* oi, unsigned int cnt, int pad) const {
-#pragma unroll
-        for (int j = 0; j < CAP; ++j) {
-            if ((unsigned int)j < k) oi[j] = (unsigned int)j < cnt ? (int)(unsigned int)v[j] : pad;
-        }
-    }
-};
 
 struct GlobalList {
     u64* v;
@@ -666,9 +623,6 @@ __device__ __forceinline__ void knn_kernel_body(const float* __restrict__ qxyz, 
         int *__restrict__ out_idx, float *__restrict__ out_d, u64 *scratch
 #define KNN_PASS qxyz, qstride, m, gp, start, sorted, k, out_idx, out_d, scratch
 
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_8(KNN_ARGS) { knn_kernel_body<RegList<8>>(KNN_PASS); }
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_16(KNN_ARGS) { knn_kernel_body<RegList<16>>(KNN_PASS); }
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_reg_32(KNN_ARGS) { knn_kernel_body<RegList<32>>(KNN_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) knn_global(KNN_ARGS) { knn_kernel_body<GlobalList>(KNN_PASS); }
 
 // ------------------------------------------------------------------------------------------------
@@ -721,8 +675,5 @@ __device__ __forceinline__ void ball_kernel_body(const float* __restrict__ qxyz,
         u64 *scratch
 #define BALL_PASS qxyz, qstride, m, gp, start, sorted, ns, radius, r2, rmin2, pad_first, out_idx, out_cnt, scratch
 
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_8(BALL_ARGS) { ball_kernel_body<RegList<8>>(BALL_PASS); }
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_16(BALL_ARGS) { ball_kernel_body<RegList<16>>(BALL_PASS); }
-extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_reg_32(BALL_ARGS) { ball_kernel_body<RegList<32>>(BALL_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_global(BALL_ARGS) { ball_kernel_body<GlobalList>(BALL_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_warp(BALL_ARGS) { ball_kernel_body<WarpList>(BALL_PASS); }

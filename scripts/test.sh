@@ -18,7 +18,7 @@ rm -rf target/ci/replay_out
 cargo run --release --quiet -- replay --quiet --out target/ci/replay_out
 .venv-py/bin/python test/python/check_sample_bag.py target/ci/replay_out --no-scans --any-layout \
     --points-topic /lidar_kernels/samples \
-    --topics /lidar_kernels/voxels /lidar_kernels/downsampled /lidar_kernels/samples /lidar_kernels/neighborhoods
+    --topics /lidar_kernels/voxels /lidar_kernels/voxel_features /lidar_kernels/downsampled /lidar_kernels/samples /lidar_kernels/neighborhoods
 
 step "NVRTC: every kernel x every profile x sm_72/sm_87/sm_90"
 scripts/install-nvrtc.sh >/dev/null

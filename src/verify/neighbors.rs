@@ -165,20 +165,6 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
             ks,
             &balls,
         )?;
-        if name == "os1-128_scan0" {
-            s.thread_per_query = true;
-            check_pair(
-                ctx,
-                &mut s,
-                &mut rows,
-                &format!("{name}, queries every 7th, thread/query"),
-                ((&dev).into(), &host),
-                (qdx, &qh),
-                &[16, 32],
-                &balls[..2],
-            )?;
-            s.thread_per_query = false;
-        }
     }
 
     let mut rng = Rng::new(seed ^ 0x5eed);
@@ -379,20 +365,6 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
         peer_ms: None,
         note: "bbox, setup, count, 3-kernel scan, scatter".into(),
     });
-    s.thread_per_query = true;
-    let ms = time_ms(ctx, 3, runs, || knn_enqueue(ctx, &mut s, pd, qd, &p))?;
-    rows.push(BenchRow {
-        operator: "knn".into(),
-        workload: "W3b k=32 (one thread per query, for comparison)".into(),
-        points: n,
-        median_ms: ms,
-        runs,
-        min_bytes: (n * 12 + m * 12 + m * 32 * 8) as u64,
-        target_ms: Some(0.5),
-        peer_ms: Some(8.47),
-        note: format!("grid build + {}", s.last_kernel),
-    });
-    s.thread_per_query = false;
     for r in [1.0f32, 2.0] {
         let p = bq(r, 0.0, 32, BallPadding::FirstFound);
         let ms = time_ms(ctx, 3, runs, || ball_query_enqueue(ctx, &mut s, pd, qd, &p))?;

@@ -41,7 +41,8 @@ from rcl_interfaces.srv import DescribeParameters, GetParameters, SetParameters
 F32, U16, U32, I32 = PointField.FLOAT32, PointField.UINT16, PointField.UINT32, PointField.INT32
 NP = {PointField.INT8: 'i1', PointField.UINT8: 'u1', PointField.INT16: 'i2', PointField.UINT16: 'u2',
       PointField.INT32: 'i4', PointField.UINT32: 'u4', PointField.FLOAT32: 'f4', PointField.FLOAT64: 'f8'}
-TOPICS = {'pipeline': ['voxels', 'downsampled', 'samples', 'neighborhoods'], 'voxelizer': ['voxels', 'downsampled'],
+TOPICS = {'pipeline': ['voxels', 'voxel_features', 'downsampled', 'samples', 'neighborhoods'],
+          'voxelizer': ['voxels', 'voxel_features', 'downsampled'],
           'sampler': ['samples'], 'neighbors': ['neighborhoods'], 'nms': ['boxes']}
 XYZI_OFFSET_NS = 1000 * 1_000_000_000  # stamps of the xyzi round: the bag's + 1000 s
 
@@ -261,7 +262,7 @@ def run_outputs(peer, args):
                 if exp is None:
                     peer.check(False, f'{what}: {fqn}/{topic}: no replay output at this stamp')
                     continue
-                same_layout = layout == 'ouster' or topic in ('voxels', 'neighborhoods')
+                same_layout = layout == 'ouster' or topic in ('voxels', 'voxel_features', 'neighborhoods')
                 diff = compare(got, exp, same_layout)
                 stamp_ok = stamp_ns(got) == ns
                 peer.check(diff is None and stamp_ok,

@@ -2,11 +2,11 @@
 //! of [`super`] (the CPU reference), bit for bit (indices, counts and dist2).
 //!
 //! A uniform cell grid is built on the device for every call (bounding box, cell edge and dims in
-//! f64 like the CPU grid, cell counts, exclusive scan, binning), then one thread per query searches
-//! it: KNN visits rings of cells outward with a sorted top-k list of (dist2, index) keys (registers
-//! for k <= 32, global memory above) and stops when every unvisited cell is provably farther than
-//! the k-th distance; ball query visits the cells overlapping the ball and keeps the nsample lowest
-//! indices. The whole call is enqueued without a host synchronisation (buffers are sized for the
+//! f64 like the CPU grid, cell counts, exclusive scan, binning), then the queries search it: KNN
+//! visits rings of cells outward with a sorted top-k list of (dist2, index) keys (one warp per
+//! query for k <= 32, one thread per query with the list in global memory above) and stops when
+//! every unvisited cell is provably farther than the k-th distance; ball query visits the cells
+//! overlapping the ball and keeps the nsample lowest indices. The whole call is enqueued without a host synchronisation (buffers are sized for the
 //! worst-case cell count), until the copy back.
 //!
 //! KNN with k <= 32 runs one warp per query (`knn_warp_cells`): the lanes take 32 cells (columns
@@ -43,9 +43,6 @@ pub struct NeighborsScratch {
     width: usize,
     /// Kernel of the last query launch.
     pub last_kernel: String,
-    /// Use the one-thread-per-query kernels (`*_reg_*`) instead of one warp per query for
-    /// widths <= 32 (slower; kept for comparison and checks).
-    pub thread_per_query: bool,
 }
 
 impl NeighborsScratch {
@@ -66,7 +63,6 @@ impl NeighborsScratch {
             rows: 0,
             width: 0,
             last_kernel: String::new(),
-            thread_per_query: false,
         })
     }
 
@@ -171,15 +167,11 @@ pub(crate) fn build_grid(
 }
 
 /// The query kernel: one warp per query for widths <= 32 (`knn_warp_cells`, `ball_warp`), else
-/// one thread per query with the list in registers or global memory.
-fn list_kernel(prefix: &str, width: usize, thread_per_query: bool) -> String {
-    if width <= 32 && !thread_per_query {
-        return if prefix == "knn" { "knn_warp_cells".into() } else { format!("{prefix}_warp") };
-    }
-    match width {
-        0..=8 => format!("{prefix}_reg_8"),
-        9..=16 => format!("{prefix}_reg_16"),
-        17..=32 => format!("{prefix}_reg_32"),
+/// one thread per query with the list in global memory (`knn_global`, `ball_global`).
+fn list_kernel(prefix: &str, width: usize) -> String {
+    match (prefix, width) {
+        ("knn", 0..=32) => "knn_warp_cells".into(),
+        (_, 0..=32) => format!("{prefix}_warp"),
         _ => format!("{prefix}_global"),
     }
 }
@@ -208,7 +200,7 @@ pub fn knn_enqueue(
         return Ok(());
     }
     build_grid(ctx, s, points, 0, k.min(u32::MAX as usize) as u32, 0.0)?;
-    s.last_kernel = list_kernel("knn", k, s.thread_per_query);
+    s.last_kernel = list_kernel("knn", k);
     launch_query(ctx, s, queries, QueryKind::Knn { k: k as u32 })
 }
 
@@ -298,7 +290,7 @@ pub fn ball_query_enqueue(
         return Ok(());
     }
     build_grid(ctx, s, points, 1, 0, params.radius)?;
-    s.last_kernel = list_kernel("ball", ns, s.thread_per_query);
+    s.last_kernel = list_kernel("ball", ns);
     let kind = QueryKind::Ball {
         ns: ns as u32,
         radius: params.radius,
@@ -364,4 +356,27 @@ pub fn ball_query_with(
     let counts = ctx.stream.clone_dtoh(&s.counts(ctx)?)?;
     ctx.stream.synchronize()?;
     Ok(BallQuery { indices, counts, width: params.nsample })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::list_kernel;
+
+    /// Every width routes to a product kernel that cuda/neighbors.cu defines: one warp per query
+    /// for 1..=32, the global-list kernel above.
+    #[test]
+    fn list_kernel_routes_to_product_kernels() {
+        let src = crate::gpu::kernels::kernel("neighbors").unwrap().source;
+        let defined = |name: &str| src.contains(&format!(") {name}(")) || src.contains(&format!("\n{name}("));
+        for w in (1..=80).chain([100, 128, 1000, u32::MAX as usize]) {
+            let (knn, ball) = (list_kernel("knn", w), list_kernel("ball", w));
+            if w <= 32 {
+                assert_eq!((knn.as_str(), ball.as_str()), ("knn_warp_cells", "ball_warp"), "width {w}");
+            } else {
+                assert_eq!((knn.as_str(), ball.as_str()), ("knn_global", "ball_global"), "width {w}");
+            }
+            assert!(defined(&knn) && defined(&ball), "width {w}: {knn} / {ball} not in cuda/neighbors.cu");
+        }
+        assert!(!src.contains("_reg_"), "comparison kernels are gone");
+    }
 }
