@@ -141,7 +141,6 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
     let reader = bag::open(&opts.bag)?;
     let boxes_topic = config.nms.enabled.then(|| config.nms.boxes_topic.clone()).filter(|t| reader.topic(t).is_some());
     let topic = cloud_topic(&reader, opts.topic.as_deref(), boxes_topic.as_deref())?;
-    let feature_names = config.features.clone();
     let mut pipeline = Pipeline::with_engine(config, engine);
     let mut out = opts.out.as_deref().map(OutputBag::create).transpose()?;
 
@@ -210,7 +209,7 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                 }
                 if let Some(o) = out.as_mut() {
                     let stamp = frame.header().stamp_ns();
-                    for (name, m) in frame.messages(&feature_names) {
+                    for (name, m) in frame.messages() {
                         o.write(name, stamp, &m.to_cdr())?;
                     }
                 }

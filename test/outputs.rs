@@ -93,7 +93,7 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
     );
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
-    let msgs = frame.messages(&cfg.features);
+    let msgs = frame.messages();
 
     let samples = CloudView::new(topic(&msgs, SAMPLES_TOPIC).clone()).unwrap();
     let indices = frame.results.samples.as_ref().unwrap();
@@ -145,7 +145,7 @@ fn indices_above_2_pow_24_are_exact() {
     assert_eq!(cfg.fps.params.start_index, start);
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
-    let msgs = frame.messages(&cfg.features);
+    let msgs = frame.messages();
     let samples = CloudView::new(topic(&msgs, SAMPLES_TOPIC).clone()).unwrap();
     let t_field = &samples.layout.fields[5];
     assert_eq!(samples.value(t_field, 0), start as f64, "the start point's own t");
@@ -179,7 +179,7 @@ fn hard_voxels_are_published_as_features() {
     let cfg = config("voxelize: {voxel_size: [2, 2, 4], max_points_per_voxel: 8}\nfps: {enabled: false}\nneighbors: {enabled: false}");
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
-    let msgs = frame.messages(&cfg.features);
+    let msgs = frame.messages();
     let voxels = CloudView::new(topic(&msgs, "voxels").clone()).unwrap();
     let feats = CloudView::new(topic(&msgs, "voxel_features").clone()).unwrap();
     let names: Vec<&str> = feats.layout.fields.iter().map(|f| f.name.as_str()).collect();

@@ -222,6 +222,8 @@ impl<'a> PointCloud2<'a> {
 pub struct CloudView<'a> {
     pub msg: PointCloud2<'a>,
     pub layout: PointLayout,
+    /// The x, y, z fields (the first of each name).
+    xyz: [PointField; 3],
 }
 
 impl<'a> CloudView<'a> {
@@ -232,7 +234,9 @@ impl<'a> CloudView<'a> {
 
     pub fn new(msg: PointCloud2<'a>) -> Result<Self, CloudError> {
         let layout = validate(&msg)?;
-        Ok(Self { msg, layout })
+        let ch = layout.channels();
+        let xyz = [ch[0].clone(), ch[1].clone(), ch[2].clone()];
+        Ok(Self { msg, layout, xyz })
     }
 
     /// Points in the message, finite or not.
@@ -263,8 +267,7 @@ impl<'a> CloudView<'a> {
 
     /// x, y, z of point `i` as float32, the values [`gather`] produces.
     pub fn xyz(&self, i: usize) -> [f32; 3] {
-        let ch = self.layout.channels();
-        [self.value(ch[0], i) as f32, self.value(ch[1], i) as f32, self.value(ch[2], i) as f32]
+        self.xyz.each_ref().map(|f| self.value(f, i) as f32)
     }
 
     /// For every gathered point, the index of its record in the message: the identity when no

@@ -54,8 +54,9 @@ pub struct Neighborhoods {
 #[derive(Debug, Clone)]
 pub struct FrameOutput<'a> {
     pub view: CloudView<'a>,
-    pub fps_input: FpsInput,
     pub results: StageResults,
+    /// Every output as (topic, message), in a fixed order (the `encode` stage).
+    pub messages: Vec<(&'static str, PointCloud2<'static>)>,
     pub timings: Timings,
 }
 
@@ -149,7 +150,10 @@ impl Pipeline {
         let result = self
             .engine
             .run(&self.config, &view, &mut timings)
-            .map(|results| FrameOutput { view, fps_input: self.config.fps.input, results, timings });
+            .map(|results| {
+                let messages = timed(&mut timings, "encode", || encode(&view, &results, &self.config));
+                FrameOutput { view, results, messages, timings }
+            });
         match &result {
             Ok(out) => {
                 let r = &out.results;
@@ -224,44 +228,50 @@ impl FrameOutput<'_> {
 
     /// Sampled points (padding excluded).
     pub fn sample_count(&self) -> Option<usize> {
-        self.results.samples.as_ref().map(|s| s.iter().take_while(|&&i| i >= 0).count())
+        self.results.sample_count()
     }
 
-    /// Every output as (topic, message), in a fixed order. `feature_names` names the voxel
-    /// feature channels after x, y, z (the configuration's `features`).
-    pub fn messages(&self, feature_names: &[String]) -> Vec<(&'static str, PointCloud2<'static>)> {
-        let h = self.header();
-        let r = &self.results;
-        let source = self.view.source_indices(r.dropped_non_finite);
-        let mut out = Vec::new();
-        if let Some(v) = &r.voxels {
-            let mut names: Vec<String> = vec!["x".into(), "y".into(), "z".into()];
-            names.extend(feature_names.iter().cloned());
-            out.push((VOXELS_TOPIC, outputs::voxels_message(h, v, &names)));
-            if let Voxels::Hard(hard) = v {
-                out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names)));
-            }
-        }
-        let downsampled = r.downsampled.as_ref().map(|dv| {
-            let msg = outputs::downsampled_message(h, &self.view, &source, dv, &r.channel_names);
-            CloudView::new(msg).expect("the downsampled message has the input's validated layout")
-        });
-        if let Some(d) = &downsampled {
-            out.push((DOWNSAMPLED_TOPIC, d.msg.clone()));
-        }
-        // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
-        let (searched, searched_source) = match (self.fps_input, &downsampled) {
-            (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
-            _ => (&self.view, source),
-        };
-        if let (Some(s), Some(k)) = (&r.samples, self.sample_count()) {
-            let picks = s[..k].iter().map(|&i| searched_source.get(i as usize));
-            out.push((SAMPLES_TOPIC, crate::cloud::select_records(h, searched, picks)));
-            if let Some(n) = &r.neighborhoods {
-                let msg = outputs::neighborhoods_message(h, searched, &searched_source, &s[..k], n);
-                out.push((NEIGHBORHOODS_TOPIC, msg));
-            }
-        }
-        out
+    /// Every output as (topic, message), in a fixed order.
+    pub fn messages(&self) -> &[(&'static str, PointCloud2<'static>)] {
+        &self.messages
     }
+}
+
+/// The output messages of one frame's results. The voxel feature channels after x, y, z are named
+/// by the configuration's `features`.
+fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(&'static str, PointCloud2<'static>)> {
+    let h = &view.msg.header;
+    let feature_names = &cfg.features;
+    let source = view.source_indices(r.dropped_non_finite);
+    let mut out = Vec::new();
+    if let Some(v) = &r.voxels {
+        let mut names: Vec<String> = vec!["x".into(), "y".into(), "z".into()];
+        names.extend(feature_names.iter().cloned());
+        out.push((VOXELS_TOPIC, outputs::voxels_message(h, v, &names)));
+        if let Voxels::Hard(hard) = v {
+            out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names)));
+        }
+    }
+    let downsampled = r.downsampled.as_ref().map(|dv| {
+        let msg = outputs::downsampled_message(h, view, &source, dv, &r.channel_names);
+        CloudView::new(msg).expect("the downsampled message has the input's validated layout")
+    });
+    let downsampled_at = out.len();
+    // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
+    let (searched, searched_source) = match (cfg.fps.input, &downsampled) {
+        (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
+        _ => (view, source),
+    };
+    if let (Some(s), Some(k)) = (&r.samples, r.sample_count()) {
+        let picks = s[..k].iter().map(|&i| searched_source.get(i as usize));
+        out.push((SAMPLES_TOPIC, crate::cloud::select_records(h, searched, picks)));
+        if let Some(n) = &r.neighborhoods {
+            let msg = outputs::neighborhoods_message(h, searched, &searched_source, &s[..k], n);
+            out.push((NEIGHBORHOODS_TOPIC, msg));
+        }
+    }
+    if let Some(d) = downsampled {
+        out.insert(downsampled_at, (DOWNSAMPLED_TOPIC, d.msg));
+    }
+    out
 }

@@ -112,16 +112,25 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Poi
 /// channel (x, y, z, then `features`); slots past a voxel's `num_points` are zero, as a
 /// PointPillars network expects them, and make the message not dense.
 pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String]) -> PointCloud2<'static> {
-    let (p, c) = (v.max_points, v.num_channels);
-    let columns: Vec<(&str, Column)> = names
-        .iter()
-        .take(c)
-        .enumerate()
-        .map(|(k, name)| (name.as_str(), Column::F32(v.features.iter().skip(k).step_by(c).copied().collect())))
-        .collect();
-    let mut msg = packed_message(header, v.num_points.len(), p, &columns);
-    msg.is_dense = v.num_points.iter().all(|&n| n as usize == p);
-    msg
+    let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
+    let fields =
+        names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, 4 * k as u32, Datatype::Float32)).collect();
+    // [V, P, C] row-major float32 is already the packed records, row by row.
+    let mut data = Vec::with_capacity(4 * v.features.len());
+    for f in &v.features {
+        data.extend_from_slice(&f.to_le_bytes());
+    }
+    PointCloud2 {
+        header: header.clone(),
+        height: nv as u32,
+        width: p as u32,
+        fields,
+        is_bigendian: false,
+        point_step: 4 * c as u32,
+        row_step: (4 * c * p) as u32,
+        data: Cow::Owned(data),
+        is_dense: v.num_points.iter().all(|&n| n as usize == p),
+    }
 }
 
 /// `downsampled`: one point per occupied voxel in the input's own layout. x, y, z are the

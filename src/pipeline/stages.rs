@@ -122,6 +122,13 @@ pub struct StageResults {
     pub neighborhoods: Option<Neighborhoods>,
 }
 
+impl StageResults {
+    /// Sampled points (the -1 padding of K > N excluded).
+    pub fn sample_count(&self) -> Option<usize> {
+        self.samples.as_ref().map(|s| s.iter().take_while(|&&i| i >= 0).count())
+    }
+}
+
 /// Runs every enabled stage of `cfg` on `view` (validated once, by the caller).
 pub fn run<B: Backend>(
     backend: &mut B,
@@ -158,7 +165,7 @@ pub fn run<B: Backend>(
     };
     let (samples, neighborhoods) = if cfg.fps.enabled {
         let (indices, on_backend) = timed(t, "fps", || backend.fps(fps_cloud, &cfg.fps.params))?;
-        let queries = indices.iter().take_while(|&&i| i >= 0).count();
+        let queries = indices.iter().take_while(|&&i| i >= 0).count(); // FPS pads only at the end
         let neighborhoods = if cfg.neighbors.enabled {
             Some(timed(t, "neighbors", || -> Result<_, FrameError> {
                 Ok(match cfg.neighbors.mode {

@@ -443,7 +443,7 @@ impl Stage for PipelineStage {
         } else {
             let frame = p.process(input.view.clone())?;
             let topics = self.kind.topics();
-            for (topic, msg) in frame.messages(&p.config.features) {
+            for (topic, msg) in frame.messages() {
                 if topics.contains(&topic) {
                     self.last.push((format!("last.{topic}"), msg.num_points().to_string()));
                     out.push((format!("~/{topic}"), msg.to_cdr()));

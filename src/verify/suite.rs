@@ -127,7 +127,7 @@ fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, Gpu
         for i in 0..60 {
             let t = Instant::now();
             let frame = pipeline.process_cdr(&cdr).map_err(|e| GpuError::Unsupported(e.to_string()))?;
-            let bytes: usize = frame.messages(&pipeline.config.features).iter().map(|(_, m)| m.to_cdr().len()).sum();
+            let bytes: usize = frame.messages().iter().map(|(_, m)| m.to_cdr().len()).sum();
             std::hint::black_box(bytes);
             if i >= 10 {
                 ms.push(t.elapsed().as_secs_f64() * 1e3);
