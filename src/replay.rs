@@ -184,7 +184,7 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                         );
                     }
                     if let Some(o) = out.as_mut() {
-                        o.write(BOXES_TOPIC, header.stamp_ns(), &kept.message().to_cdr())?;
+                        o.write(BOXES_TOPIC, header.stamp_ns(), kept.message().cdr())?;
                     }
                 }
                 Err(e) => {
@@ -210,7 +210,7 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                 if let Some(o) = out.as_mut() {
                     let stamp = frame.header().stamp_ns();
                     for (name, m) in frame.messages() {
-                        o.write(name, stamp, &m.to_cdr())?;
+                        o.write(name, stamp, m.cdr())?;
                     }
                 }
                 frames += 1;

@@ -2,7 +2,7 @@
 //! datatype, wide fields' means computed in f64, integer fields exact for any cloud size, hard
 //! voxels as [V, P, C] features, neighbourhood rows naming their query.
 
-use lidar_kernels::cloud::{CloudView, Datatype, Header, PointCloud2, PointField};
+use lidar_kernels::cloud::{CloudMessage, CloudView, Datatype, Header, PointCloud2, PointField};
 use lidar_kernels::pipeline::{Pipeline, PipelineConfig, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC};
 use rand::{Rng, SeedableRng};
 use std::borrow::Cow;
@@ -59,8 +59,8 @@ fn config(yaml: &str) -> PipelineConfig {
     PipelineConfig::from_yaml(yaml, "test").unwrap()
 }
 
-fn topic<'m>(msgs: &'m [(&'static str, PointCloud2<'static>)], name: &str) -> &'m PointCloud2<'static> {
-    &msgs.iter().find(|(t, _)| *t == name).unwrap_or_else(|| panic!("no {name}")).1
+fn topic<'m>(msgs: &'m [(&'static str, CloudMessage)], name: &str) -> CloudView<'m> {
+    msgs.iter().find(|(t, _)| *t == name).unwrap_or_else(|| panic!("no {name}")).1.view()
 }
 
 /// Samples are the input's records, byte for byte (FLOAT64 stamp, UINT32 t, even the padding);
@@ -95,7 +95,7 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
     let frame = pipeline.process_cdr(&cdr).unwrap();
     let msgs = frame.messages();
 
-    let samples = CloudView::new(topic(&msgs, SAMPLES_TOPIC).clone()).unwrap();
+    let samples = topic(&msgs, SAMPLES_TOPIC);
     let indices = frame.results.samples.as_ref().unwrap();
     assert_eq!(samples.len(), 64);
     for (k, &i) in indices.iter().enumerate() {
@@ -111,7 +111,7 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
         g.1 += p.stamp;
         g.2 += p.t as f64;
     }
-    let down = CloudView::new(topic(&msgs, DOWNSAMPLED_TOPIC).clone()).unwrap();
+    let down = topic(&msgs, DOWNSAMPLED_TOPIC);
     assert_eq!(down.len(), groups.len());
     assert_eq!(down.layout, CloudView::decode(&cdr).unwrap().layout, "the input's own layout");
     // Output voxels are in first-point order.
@@ -146,10 +146,10 @@ fn indices_above_2_pow_24_are_exact() {
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
     let msgs = frame.messages();
-    let samples = CloudView::new(topic(&msgs, SAMPLES_TOPIC).clone()).unwrap();
+    let samples = topic(&msgs, SAMPLES_TOPIC);
     let t_field = &samples.layout.fields[5];
     assert_eq!(samples.value(t_field, 0), start as f64, "the start point's own t");
-    let nb = CloudView::new(topic(&msgs, NEIGHBORHOODS_TOPIC).clone()).unwrap();
+    let nb = topic(&msgs, NEIGHBORHOODS_TOPIC);
     let field = |name: &str| nb.layout.fields.iter().find(|f| f.name == name).unwrap().clone();
     let (index, query, query_index) = (field("index"), field("query"), field("query_index"));
     assert_eq!((nb.msg.height, nb.msg.width), (2, 1));
@@ -180,8 +180,8 @@ fn hard_voxels_are_published_as_features() {
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
     let msgs = frame.messages();
-    let voxels = CloudView::new(topic(&msgs, "voxels").clone()).unwrap();
-    let feats = CloudView::new(topic(&msgs, "voxel_features").clone()).unwrap();
+    let voxels = topic(&msgs, "voxels");
+    let feats = topic(&msgs, "voxel_features");
     let names: Vec<&str> = feats.layout.fields.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["x", "y", "z", "intensity"]);
     assert_eq!((feats.msg.height as usize, feats.msg.width), (voxels.len(), 8));

@@ -129,7 +129,7 @@ fn boxes_topic_goes_through_nms() {
         .unwrap();
     let topic = w.add_topic(&config.nms.boxes_topic, POINTCLOUD2_TYPE).unwrap();
     let header = Header { stamp_sec: 5, stamp_nanosec: 7, frame_id: "lidar".into() };
-    w.write(topic, 2, &boxes_message(&header, &boxes, &scores, &labels).to_cdr()).unwrap();
+    w.write(topic, 2, boxes_message(&header, &boxes, &scores, &labels).cdr()).unwrap();
     w.finish().unwrap();
 
     let mut cfg = config.clone();

@@ -144,6 +144,13 @@ impl CdrWriter {
         self.u32(bytes.len() as u32);
         self.buf.extend_from_slice(bytes);
     }
+    /// A byte sequence of `len` zero bytes, to be filled in place: returns where it lies in the buffer.
+    pub fn byte_seq_zeroed(&mut self, len: usize) -> std::ops::Range<usize> {
+        self.u32(len as u32);
+        let start = self.buf.len();
+        self.buf.resize(start + len, 0);
+        start..start + len
+    }
     pub fn finish(self) -> Vec<u8> {
         self.buf
     }

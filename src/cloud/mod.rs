@@ -297,28 +297,77 @@ impl SourceIndex {
     }
 }
 
-/// An unorganized message in `layout` whose point `i` is record `pick(i)` of `view`, copied byte for
-/// byte: every field keeps its datatype and value.
-pub fn select_records(header: &Header, view: &CloudView<'_>, picks: impl Iterator<Item = usize>) -> PointCloud2<'static> {
-    let step = view.layout.point_step as usize;
-    let mut data = Vec::new();
-    let mut n = 0u32;
-    for i in picks {
-        data.extend_from_slice(view.record(i));
-        n += 1;
+/// A PointCloud2 written straight into its CDR bytes: the header and fields first, then the point
+/// records filled in place, so an output is encoded once, with no intermediate copy of its data.
+#[derive(Debug, Clone)]
+pub struct CloudMessage {
+    cdr: Vec<u8>,
+    data: std::ops::Range<usize>,
+    points: usize,
+}
+
+impl CloudMessage {
+    /// A little- (or big-) endian message of `height` x `width` zeroed records of `point_step`
+    /// bytes, dense until [`Self::set_dense`] says otherwise.
+    pub fn new(header: &Header, height: usize, width: usize, fields: &[PointField], point_step: u32, big_endian: bool) -> Self {
+        let mut w = CdrWriter::new();
+        header.write(&mut w);
+        w.u32(height as u32);
+        w.u32(width as u32);
+        w.u32(fields.len() as u32);
+        for f in fields {
+            w.string(&f.name);
+            w.u32(f.offset);
+            w.u8(f.datatype);
+            w.u32(f.count);
+        }
+        w.bool(big_endian);
+        w.u32(point_step);
+        w.u32(point_step * width as u32);
+        let data = w.byte_seq_zeroed(height * width * point_step as usize);
+        w.bool(true);
+        Self { cdr: w.finish(), data, points: height * width }
     }
-    debug_assert_eq!(data.len(), n as usize * step);
-    PointCloud2 {
-        header: header.clone(),
-        height: 1,
-        width: n,
-        fields: view.layout.fields.clone(),
-        is_bigendian: view.layout.big_endian,
-        point_step: step as u32,
-        row_step: step as u32 * n,
-        data: Cow::Owned(data),
-        is_dense: true,
+
+    /// The point records (row-major), to be filled.
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.cdr[self.data.clone()]
     }
+
+    pub fn set_dense(&mut self, dense: bool) {
+        *self.cdr.last_mut().expect("is_dense") = dense as u8;
+    }
+
+    pub fn num_points(&self) -> usize {
+        self.points
+    }
+
+    /// The encoded message.
+    pub fn cdr(&self) -> &[u8] {
+        &self.cdr
+    }
+
+    pub fn into_cdr(self) -> Vec<u8> {
+        self.cdr
+    }
+
+    /// The message decoded again (borrowing the bytes) with its validated layout.
+    pub fn view(&self) -> CloudView<'_> {
+        CloudView::decode(&self.cdr).expect("an encoded message decodes")
+    }
+}
+
+/// An unorganized message in `view`'s layout whose point `i` is record `pick(i)` of `view`, copied
+/// byte for byte: every field keeps its datatype and value.
+pub fn select_records(header: &Header, view: &CloudView<'_>, picks: &[usize]) -> CloudMessage {
+    let l = &view.layout;
+    let mut m = CloudMessage::new(header, 1, picks.len(), &l.fields, l.point_step, l.big_endian);
+    if l.point_step > 0 {
+        for (rec, &i) in m.data_mut().chunks_exact_mut(l.point_step as usize).zip(picks) {
+            rec.copy_from_slice(view.record(i));
+        }
+    }
+    m
 }
 
 /// Writes `v` into field `f` of the record `at` (integers rounded to nearest and saturated).

@@ -20,11 +20,7 @@ pub struct DeviceXyz<'a> {
 impl<'a> DeviceXyz<'a> {
     pub fn new(data: &'a CudaSlice<f32>, stride: usize, len: usize) -> Result<Self, GpuError> {
         if len > stride || (len > 0 && data.len() < 2 * stride + len) {
-            return Err(GpuError::Unsupported(format!(
-                "device xyz: {len} points with stride {stride} need {} floats, buffer has {}",
-                2 * stride + len,
-                data.len()
-            )));
+            return Err(GpuError::XyzView { len, stride, needed: 2 * stride + len, available: data.len() });
         }
         Ok(Self { data, stride, len })
     }

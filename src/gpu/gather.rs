@@ -150,15 +150,20 @@ pub fn upload_and_gather_timed(
     let (msg, layout) = (&view.msg, &view.layout);
     let fields = channel_fields(layout);
     if fields.len() > MAX_CHANNELS {
-        return Err(GpuError::Unsupported(format!(
-            "PointCloud2 has {} single-element fields; the gather kernel takes at most {MAX_CHANNELS}",
-            fields.len()
-        )));
+        return Err(GpuError::TooLarge {
+            what: "PointCloud2 single-element fields (gather kernel channels)",
+            value: fields.len() as u64,
+            limit: MAX_CHANNELS as u64,
+        });
     }
     let n64 = msg.num_points();
     // The kernel indexes points and tiles with 32-bit values (n + one tile must not wrap).
     if n64 > (u32::MAX - (1 << 20)) as u64 {
-        return Err(GpuError::Unsupported(format!("{n64} points: at most 2^32 - 2^20 per cloud")));
+        return Err(GpuError::TooLarge {
+            what: "PointCloud2 points per cloud (32-bit gather indexing: 2^32 - 2^20)",
+            value: n64,
+            limit: (u32::MAX - (1 << 20)) as u64,
+        });
     }
     let n = n64 as usize;
     let used_bytes = if n == 0 {
@@ -190,7 +195,11 @@ pub fn upload_and_gather_timed(
     let mut out = ctx.cloud_pool.take(c * n.max(1))?;
     let capacity = out.len() / c;
     if capacity > u32::MAX as usize {
-        return Err(GpuError::Unsupported("device column capacity exceeds 2^32".into()));
+        return Err(GpuError::TooLarge {
+            what: "device column capacity in points (32-bit)",
+            value: capacity as u64,
+            limit: u32::MAX as u64,
+        });
     }
     params.capacity = capacity as u32;
 

@@ -21,6 +21,7 @@ pub use kernels::{KernelSource, KERNELS};
 pub use nvrtc::{nvrtc_check, NvrtcReport, NvrtcRow};
 pub use profile::{KernelProfile, ProfileChoice};
 
+use crate::ops::ParamError;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +44,35 @@ pub enum GpuError {
     UnknownModule(String),
     #[error("invalid PointCloud2: {0}")]
     Cloud(#[from] crate::cloud::CloudError),
-    #[error("{0}")]
-    Unsupported(String),
+    /// An operator parameter the launcher checks itself: the same [`ParamError`] the CPU
+    /// reference gives for the same value.
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    /// A size past what the CUDA kernels index (32-bit indices, 30-bit counts, fixed channel
+    /// arrays) or past a capacity of the device path.
+    #[error("{what}: {value} exceeds the CUDA backend's limit of {limit}")]
+    TooLarge { what: &'static str, value: u64, limit: u64 },
+    /// A channel index past the cloud's channels.
+    #[error("channel index {index} of a cloud with {channels} channels")]
+    BadChannel { index: usize, channels: usize },
+    /// `op` reads a result (`result`) that the last operator run on this scratch did not compute.
+    #[error("{op}: no {result} on the device (the last operator run on this scratch did not compute them)")]
+    NoResult { op: &'static str, result: &'static str },
+    /// Batch offsets that cover more points than the device cloud holds.
+    #[error("offsets cover {covered} points, the device cloud has {points}")]
+    OffsetsBeyondCloud { covered: usize, points: usize },
+    /// Batch offsets that decrease (cloud `cloud` would end before it starts).
+    #[error("offsets must not decrease: cloud {cloud} spans {start}..{end}")]
+    OffsetsDecrease { cloud: usize, start: usize, end: usize },
+    /// A device x, y, z view whose buffer is shorter than its length and stride need.
+    #[error("device xyz: {len} points with stride {stride} need {needed} floats, buffer has {available}")]
+    XyzView { len: usize, stride: usize, needed: usize, available: usize },
+    /// A kernel needs more shared memory per block than the device allows.
+    #[error("{kernel} needs {needed} bytes of shared memory for {count} {items}; the device allows {available}")]
+    SharedMemory { kernel: &'static str, needed: usize, available: usize, count: usize, items: &'static str },
+    /// A cluster launch (`cuLaunchKernelEx`) the driver refused.
+    #[error("{kernel}: cuLaunchKernelEx with {cluster}-block clusters: {source}")]
+    ClusterLaunch { kernel: String, cluster: usize, source: cudarc::driver::DriverError },
 }
 
 /// Which backend runs the operators.

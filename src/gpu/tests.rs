@@ -276,3 +276,24 @@ fn cubin_cache_second_get_is_a_hit() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn launcher_param_and_size_errors_are_backend_neutral_op_errors() {
+    use crate::ops::backend::OpError;
+    use crate::ops::ParamError;
+    match OpError::from(GpuError::from(ParamError::new("k", 0, ">= 1"))) {
+        OpError::Param(e) => assert_eq!(e, ParamError::new("k", 0, ">= 1")),
+        e => panic!("{e:?}"),
+    }
+    let big = GpuError::TooLarge { what: "FPS points (32-bit indices)", value: 1 << 33, limit: u32::MAX as u64 - 1 };
+    assert!(big.to_string().contains("FPS points") && big.to_string().contains("8589934592"), "{big}");
+    match OpError::from(big) {
+        OpError::TooLarge { what, value, limit } => {
+            assert_eq!((what, value, limit), ("FPS points (32-bit indices)", 1 << 33, u32::MAX as u64 - 1))
+        }
+        e => panic!("{e:?}"),
+    }
+    let e = OpError::from(GpuError::NoResult { op: "hard_to_host", result: "hard voxels" });
+    assert!(matches!(e, OpError::Device(GpuError::NoResult { .. })), "{e:?}");
+    assert!(e.to_string().contains("hard_to_host: no hard voxels on the device"), "{e}");
+}

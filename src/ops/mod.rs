@@ -29,8 +29,3 @@ impl ParamError {
 pub trait Validate {
     fn validate(&self) -> Result<(), ParamError>;
 }
-
-/// A parameter error met by a CUDA launcher, as the backend's error.
-pub(crate) fn param_err(e: ParamError) -> crate::gpu::GpuError {
-    crate::gpu::GpuError::Unsupported(format!("invalid parameter: {e}"))
-}

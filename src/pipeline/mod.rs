@@ -15,7 +15,7 @@ pub use stages::{
 };
 pub use stats::{LatencySamples, PipelineStats};
 
-use crate::cloud::{CloudError, CloudView, Header, PointCloud2, SourceIndex};
+use crate::cloud::{CloudError, CloudMessage, CloudView, Header, SourceIndex};
 use crate::ops::backend::OpError;
 use crate::ops::nms::{Box3d, NmsOutput};
 use crate::ops::voxel::{DynamicVoxels, HardVoxels};
@@ -56,7 +56,7 @@ pub struct FrameOutput<'a> {
     pub view: CloudView<'a>,
     pub results: StageResults,
     /// Every output as (topic, message), in a fixed order (the `encode` stage).
-    pub messages: Vec<(&'static str, PointCloud2<'static>)>,
+    pub messages: Vec<(&'static str, CloudMessage)>,
     pub timings: Timings,
 }
 
@@ -216,7 +216,7 @@ pub struct KeptBoxes {
 
 impl KeptBoxes {
     /// The `boxes` topic's message (box records).
-    pub fn message(&self) -> PointCloud2<'static> {
+    pub fn message(&self) -> CloudMessage {
         outputs::boxes_message(&self.header, &self.boxes, &self.scores, &self.labels)
     }
 }
@@ -232,14 +232,14 @@ impl FrameOutput<'_> {
     }
 
     /// Every output as (topic, message), in a fixed order.
-    pub fn messages(&self) -> &[(&'static str, PointCloud2<'static>)] {
+    pub fn messages(&self) -> &[(&'static str, CloudMessage)] {
         &self.messages
     }
 }
 
 /// The output messages of one frame's results. The voxel feature channels after x, y, z are named
 /// by the configuration's `features`.
-fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(&'static str, PointCloud2<'static>)> {
+fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(&'static str, CloudMessage)> {
     let h = &view.msg.header;
     let feature_names = &cfg.features;
     let source = view.source_indices(r.dropped_non_finite);
@@ -252,26 +252,25 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
             out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names)));
         }
     }
-    let downsampled = r.downsampled.as_ref().map(|dv| {
-        let msg = outputs::downsampled_message(h, view, &source, dv, &r.channel_names);
-        CloudView::new(msg).expect("the downsampled message has the input's validated layout")
-    });
+    let downsampled = r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
+    let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
     let downsampled_at = out.len();
     // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
-    let (searched, searched_source) = match (cfg.fps.input, &downsampled) {
+    let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
         (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
         _ => (view, source),
     };
     if let (Some(s), Some(k)) = (&r.samples, r.sample_count()) {
-        let picks = s[..k].iter().map(|&i| searched_source.get(i as usize));
-        out.push((SAMPLES_TOPIC, crate::cloud::select_records(h, searched, picks)));
+        let picks: Vec<usize> = s[..k].iter().map(|&i| searched_source.get(i as usize)).collect();
+        out.push((SAMPLES_TOPIC, crate::cloud::select_records(h, searched, &picks)));
         if let Some(n) = &r.neighborhoods {
             let msg = outputs::neighborhoods_message(h, searched, &searched_source, &s[..k], n);
             out.push((NEIGHBORHOODS_TOPIC, msg));
         }
     }
+    drop(downsampled_view);
     if let Some(d) = downsampled {
-        out.insert(downsampled_at, (DOWNSAMPLED_TOPIC, d.msg));
+        out.insert(downsampled_at, (DOWNSAMPLED_TOPIC, d));
     }
     out
 }

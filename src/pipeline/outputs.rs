@@ -3,7 +3,7 @@
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
 use super::{Neighborhoods, Voxels};
-use crate::cloud::{write_field, CdrWriter, Cloud, CloudView, Datatype, Header, PointCloud2, PointField, SourceIndex};
+use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::{DynamicVoxels, HardVoxels};
 use std::borrow::Cow;
@@ -44,29 +44,19 @@ impl Column<'_> {
 }
 
 /// A little-endian message of packed 4-byte fields, `height` rows of `width` points (row-major).
-fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str, Column<'_>)]) -> PointCloud2<'static> {
+fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str, Column<'_>)]) -> CloudMessage {
     let n = height * width;
     assert!(columns.iter().all(|(_, c)| c.len() == n), "column lengths");
     let fields: Vec<PointField> =
         columns.iter().enumerate().map(|(k, (name, c))| PointField::new(name, 4 * k as u32, c.datatype())).collect();
     let step = 4 * columns.len();
-    let mut data = vec![0u8; step * n];
-    for (i, rec) in data.chunks_exact_mut(step).enumerate() {
+    let mut m = CloudMessage::new(header, height, width, &fields, step as u32, false);
+    for (i, rec) in m.data_mut().chunks_exact_mut(step).enumerate() {
         for (k, (_, c)) in columns.iter().enumerate() {
             c.put(i, &mut rec[4 * k..]);
         }
     }
-    PointCloud2 {
-        header: header.clone(),
-        height: height as u32,
-        width: width as u32,
-        fields,
-        is_bigendian: false,
-        point_step: step as u32,
-        row_step: (step * width) as u32,
-        data: Cow::Owned(data),
-        is_dense: true,
-    }
+    m
 }
 
 /// Per-voxel centroid of every feature channel: hard voxels average their valid slots (sum in f64,
@@ -91,7 +81,7 @@ fn centroids(v: &Voxels, names: &[String]) -> Cloud {
 /// `voxels`: one point per voxel, in voxel order (row v of `voxel_features` for hard voxels):
 /// centroid x, y, z, mean intensity (when the features have one), `num_points` (UINT32) and the
 /// grid coordinates `voxel_z`, `voxel_y`, `voxel_x` (INT32).
-pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> PointCloud2<'static> {
+pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> CloudMessage {
     let c = centroids(voxels, names);
     let coord = |k: usize| Column::I32(voxels.coords().iter().map(|v| v[k]).collect());
     let mut columns = vec![("x", Column::F32(c.x().into())), ("y", Column::F32(c.y().into())), ("z", Column::F32(c.z().into()))];
@@ -111,26 +101,17 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Poi
 /// per voxel, in the order of `voxels`), width P (`max_points_per_voxel`), one FLOAT32 field per
 /// channel (x, y, z, then `features`); slots past a voxel's `num_points` are zero, as a
 /// PointPillars network expects them, and make the message not dense.
-pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String]) -> PointCloud2<'static> {
+pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String]) -> CloudMessage {
     let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
-    let fields =
+    let fields: Vec<PointField> =
         names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, 4 * k as u32, Datatype::Float32)).collect();
+    let mut m = CloudMessage::new(header, nv, p, &fields, 4 * c as u32, false);
     // [V, P, C] row-major float32 is already the packed records, row by row.
-    let mut data = Vec::with_capacity(4 * v.features.len());
-    for f in &v.features {
-        data.extend_from_slice(&f.to_le_bytes());
+    for (dst, f) in m.data_mut().chunks_exact_mut(4).zip(&v.features) {
+        dst.copy_from_slice(&f.to_le_bytes());
     }
-    PointCloud2 {
-        header: header.clone(),
-        height: nv as u32,
-        width: p as u32,
-        fields,
-        is_bigendian: false,
-        point_step: 4 * c as u32,
-        row_step: (4 * c * p) as u32,
-        data: Cow::Owned(data),
-        is_dense: v.num_points.iter().all(|&n| n as usize == p),
-    }
+    m.set_dense(v.num_points.iter().all(|&n| n as usize == p));
+    m
 }
 
 /// `downsampled`: one point per occupied voxel in the input's own layout. x, y, z are the
@@ -145,10 +126,11 @@ pub fn downsampled_message(
     source: &SourceIndex,
     dv: &DynamicVoxels,
     channel_names: &[String],
-) -> PointCloud2<'static> {
+) -> CloudMessage {
     let layout = &view.layout;
     let (step, c, nv) = (layout.point_step as usize, dv.num_channels, dv.voxel_count());
-    let mut data = vec![0u8; step * nv];
+    let mut m = CloudMessage::new(header, 1, nv, &layout.fields, step as u32, layout.big_endian);
+    let data = m.data_mut();
     for (k, f) in layout.channels().into_iter().enumerate().take(c) {
         debug_assert_eq!(f.name, channel_names[k]);
         let dt = Datatype::from_u8(f.datatype).expect("validated");
@@ -167,17 +149,7 @@ pub fn downsampled_message(
             write_field(rec, f, v, layout.big_endian);
         }
     }
-    PointCloud2 {
-        header: header.clone(),
-        height: 1,
-        width: nv as u32,
-        fields: layout.fields.clone(),
-        is_bigendian: layout.big_endian,
-        point_step: step as u32,
-        row_step: (step * nv) as u32,
-        data: Cow::Owned(data),
-        is_dense: true,
-    }
+    m
 }
 
 /// `neighborhoods`: an organized cloud, the grouping a PointNet++ layer consumes. Row q holds the
@@ -190,7 +162,7 @@ pub fn neighborhoods_message(
     source: &SourceIndex,
     samples: &[i32],
     n: &Neighborhoods,
-) -> PointCloud2<'static> {
+) -> CloudMessage {
     let xyz: Vec<[f32; 3]> =
         n.indices.iter().map(|&i| if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) }).collect();
     let axis = |a: usize| Column::F32(xyz.iter().map(|p| p[a]).collect());
@@ -205,12 +177,12 @@ pub fn neighborhoods_message(
         ("query_index", row_of(&|q| samples[q])),
     ];
     let mut msg = packed_message(header, rows, n.width, &columns);
-    msg.is_dense = !n.indices.iter().any(|&i| i < 0);
+    msg.set_dense(!n.indices.iter().any(|&i| i < 0));
     msg
 }
 
 /// Box records (x y z length width height yaw score label).
-pub fn boxes_message(header: &Header, boxes: &[Box3d], scores: &[f32], labels: &[i32]) -> PointCloud2<'static> {
+pub fn boxes_message(header: &Header, boxes: &[Box3d], scores: &[f32], labels: &[i32]) -> CloudMessage {
     let col = |f: fn(&Box3d) -> f32| Column::F32(boxes.iter().map(f).collect());
     let columns = [
         ("x", col(|b| b.x)),

@@ -436,7 +436,7 @@ impl Stage for PipelineStage {
         self.last.clear();
         if self.kind == NodeKind::Nms {
             let kept = p.process_boxes(input.view)?;
-            out.push((format!("~/{BOXES_TOPIC}"), kept.message().to_cdr()));
+            out.push((format!("~/{BOXES_TOPIC}"), kept.message().into_cdr()));
             out.push((format!("~/{MARKERS_TOPIC}"), markers_cdr(&kept.header, &kept.boxes, &kept.labels, MARKER_NS)));
             self.last.push(("last.boxes_in".into(), kept.nms.candidates.to_string()));
             self.last.push(("last.boxes_kept".into(), kept.nms.keep.len().to_string()));
@@ -446,7 +446,7 @@ impl Stage for PipelineStage {
             for (topic, msg) in frame.messages() {
                 if topics.contains(&topic) {
                     self.last.push((format!("last.{topic}"), msg.num_points().to_string()));
-                    out.push((format!("~/{topic}"), msg.to_cdr()));
+                    out.push((format!("~/{topic}"), msg.cdr().to_vec()));
                 }
             }
             self.last.push(("last.points".into(), frame.results.points.to_string()));

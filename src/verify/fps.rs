@@ -1,12 +1,12 @@
 //! FPS: GPU ([`crate::ops::fps::cuda`]) against the CPU reference, and the W2 benchmarks.
 
 use super::report::{BenchRow, CheckRow, Rng};
+use super::VerifyError;
 use super::{load_scan, time_ms, upload_cloud, workload_xyz};
 use crate::cloud::Cloud;
-use crate::gpu::{upload_xyz, DeviceXyz, GpuContext, GpuError};
+use crate::gpu::{upload_xyz, DeviceXyz, GpuContext};
 use crate::ops::fps::cuda::{farthest_point_sample_batched_with, farthest_point_sample_with, fps_enqueue, FpsScratch};
 use crate::ops::fps::{self as cpu_fps, FpsParams};
-use crate::ops::param_err;
 use std::path::Path;
 
 fn first_diff<T: PartialEq + std::fmt::Debug>(a: &[T], b: &[T]) -> String {
@@ -35,7 +35,7 @@ fn row(operator: &str, case: &str, points: usize, same: bool, det: bool, detail:
 const SCAN0_PREFIX: [i32; 10] = [0, 45184, 45610, 39325, 45611, 6407, 54302, 48405, 64409, 41877];
 
 /// GPU vs CPU FPS over the Ouster scans in `ouster_dir` and random clouds from `seed`.
-pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
     let mut rows = Vec::new();
     let mut scratch = FpsScratch::new(ctx)?;
     let mut single = |rows: &mut Vec<CheckRow>,
@@ -43,8 +43,8 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
                       dev: DeviceXyz<'_>,
                       host: &Cloud,
                       params: &FpsParams|
-     -> Result<Vec<i32>, GpuError> {
-        let cpu = cpu_fps::farthest_point_sample(host, params).map_err(param_err)?;
+     -> Result<Vec<i32>, VerifyError> {
+        let cpu = cpu_fps::farthest_point_sample(host, params)?;
         let g1 = farthest_point_sample_with(ctx, &mut scratch, dev, params)?;
         let plan = scratch.last_plan.clone();
         let g2 = farthest_point_sample_with(ctx, &mut scratch, dev, params)?;
@@ -59,7 +59,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
 
     // Real scans through the PointCloud2 gather path.
     let mut files: Vec<_> = std::fs::read_dir(ouster_dir)
-        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", ouster_dir.display())))?
+        .map_err(|e| VerifyError::workload(ouster_dir, e))?
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "bin"))
@@ -105,7 +105,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
     }
 
     // Batched ragged clouds (one device cloud, clouds back to back).
-    let mut batched = |case: &str, clouds: &[Cloud], p: &FpsParams| -> Result<(), GpuError> {
+    let mut batched = |case: &str, clouds: &[Cloud], p: &FpsParams| -> Result<(), VerifyError> {
         let lengths: Vec<usize> = clouds.iter().map(|c| c.len()).collect();
         let mut x = Vec::new();
         let mut y = Vec::new();
@@ -117,7 +117,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         }
         let all = Cloud::from_xyz(x, y, z);
         let (dev, host) = upload_cloud(ctx, &all)?;
-        let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, p).map_err(param_err)?;
+        let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, p)?;
         let g1 = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, p)?;
         let plan = scratch.last_plan.clone();
         let g2 = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, p)?;
@@ -140,7 +140,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
     ];
     batched("ragged 6 clouds (one empty), K=512", &ragged, &FpsParams { num_samples: 512, start_index: 0 })?;
     if let Some(f) = files.iter().find(|f| f.ends_with("os1-128_scan0.bin")) {
-        let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| VerifyError::workload(f, e))?;
         let clouds: Vec<Cloud> = (0..8)
             .map(|b| {
                 let idx: Vec<usize> = (0..16384).map(|j| (j * 6 + b) % scan.len()).collect();
@@ -155,7 +155,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
 
 /// A few small FPS cases (single and batched, every path the planner picks for them) for
 /// compute-sanitizer runs.
-pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, VerifyError> {
     let mut rows = Vec::new();
     let mut scratch = FpsScratch::new(ctx)?;
     let mut rng = Rng::new(seed);
@@ -165,7 +165,7 @@ pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuErro
         ("lattice 20000, K=64", rng.lattice(20000, 12), FpsParams { num_samples: 64, start_index: 5 }),
     ] {
         let (dev, host) = upload_cloud(ctx, &cloud)?;
-        let cpu = cpu_fps::farthest_point_sample(&host, &p).map_err(param_err)?;
+        let cpu = cpu_fps::farthest_point_sample(&host, &p)?;
         let g = farthest_point_sample_with(ctx, &mut scratch, (&dev).into(), &p)?;
         let same = g.indices == cpu.indices;
         let detail =
@@ -183,7 +183,7 @@ pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuErro
     }
     let (dev, host) = upload_cloud(ctx, &Cloud::from_xyz(x, y, z))?;
     let p = FpsParams { num_samples: 64, start_index: 0 };
-    let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, &p).map_err(param_err)?;
+    let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, &p)?;
     let g = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, &p)?;
     let detail =
         format!("via {} x{} {}", scratch.last_plan.0, scratch.last_plan.1, first_diff(&g.indices, &cpu.indices));
@@ -192,7 +192,7 @@ pub fn check_quick(ctx: &GpuContext, seed: u64) -> Result<Vec<CheckRow>, GpuErro
 }
 
 /// FPS benchmarks on the fixed workloads (W2a, W2b, W2c).
-pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
+pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, VerifyError> {
     let mut rows = Vec::new();
     let mut scratch = FpsScratch::new(ctx)?;
     let mut one = |name: &str,
@@ -202,7 +202,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
                    runs: usize,
                    target: Option<f64>,
                    peer: Option<f64>|
-     -> Result<(), GpuError> {
+     -> Result<(), VerifyError> {
         let (x, y, z) = workload_xyz(workloads, wl)?;
         let n = x.len();
         let buf = upload_xyz(ctx, &x, &y, &z)?;

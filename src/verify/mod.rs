@@ -18,22 +18,57 @@ pub mod voxel;
 pub use report::{BenchRow, BenchTable, CheckRow, CheckTable};
 pub use suite::{bench_all, check_all};
 
-use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
+use crate::cloud::{Cloud, CloudError, Header, PointCloud2, PointLayout};
 use crate::gpu::{upload_and_gather, DeviceCloud, GpuContext, GpuError};
-use std::path::Path;
+use crate::ops::nms::NmsError;
+use crate::ops::ParamError;
+use crate::pipeline::FrameError;
+use std::path::{Path, PathBuf};
+
+/// Why a check or a benchmark could not run (a check that runs and disagrees is a failed
+/// [`CheckRow`], not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The device side failed or refused the input.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The CPU reference refused a check's parameters.
+    #[error("CPU reference: {0}")]
+    Param(#[from] ParamError),
+    /// The CPU reference refused a check's boxes or NMS parameters.
+    #[error("CPU reference: {0}")]
+    Nms(#[from] NmsError),
+    /// A check built an invalid PointCloud2.
+    #[error("invalid PointCloud2: {0}")]
+    Cloud(#[from] CloudError),
+    /// The pipeline bench's frame failed.
+    #[error("pipeline: {0}")]
+    Frame(#[from] FrameError),
+    /// A scan, workload or detections file (or folder) that cannot be read or has the wrong shape.
+    #[error("{}: {message}", path.display())]
+    Workload { path: PathBuf, message: String },
+    /// The NMS bench's entry lists overflowed in a timed run although the warm-up sized them.
+    #[error("NMS bench: entry list overflow after warm-up")]
+    EntryListOverflow,
+}
+
+impl VerifyError {
+    pub(crate) fn workload(path: &Path, message: impl std::fmt::Display) -> Self {
+        Self::Workload { path: path.to_path_buf(), message: message.to_string() }
+    }
+}
 
 /// Uploads a host cloud through the PointCloud2 gather path; returns the device cloud and the
 /// host cloud the CPU reference must see (the gathered one).
-pub(crate) fn upload_cloud(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), GpuError> {
+pub(crate) fn upload_cloud(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), VerifyError> {
     let msg = PointCloud2::from_cloud(Header::default(), cloud, &PointLayout::packed_f32(&["x", "y", "z"]));
     let view = crate::cloud::CloudView::new(msg)?;
     let dev = upload_and_gather(ctx, &view)?;
     Ok((dev, view.gather().cloud))
 }
 
-pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, Cloud), GpuError> {
-    let scan = crate::bag::sample::load_ouster_bin(path)
-        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, Cloud), VerifyError> {
+    let scan = crate::bag::sample::load_ouster_bin(path).map_err(|e| VerifyError::workload(path, e))?;
     let msg = PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::ouster());
     let view = crate::cloud::CloudView::new(msg)?;
     let dev = upload_and_gather(ctx, &view)?;
@@ -41,23 +76,23 @@ pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, C
 }
 
 /// Reads `name.bin` of a workloads directory (raw little-endian) with its shape from manifest.json.
-pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usize>), GpuError> {
-    let man = std::fs::read_to_string(dir.join("manifest.json"))
-        .map_err(|e| GpuError::Unsupported(format!("manifest.json: {e}")))?;
+pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usize>), VerifyError> {
+    let manifest = dir.join("manifest.json");
+    let man = std::fs::read_to_string(&manifest).map_err(|e| VerifyError::workload(&manifest, e))?;
     let key = format!("\"{name}\"");
-    let at = man.find(&key).ok_or_else(|| GpuError::Unsupported(format!("{name} not in manifest.json")))?;
+    let at = man.find(&key).ok_or_else(|| VerifyError::workload(&manifest, format!("no array {name}")))?;
     let rest = &man[at..];
-    let s = rest.find("\"shape\"").ok_or_else(|| GpuError::Unsupported(format!("{name}: no shape")))?;
+    let s = rest.find("\"shape\"").ok_or_else(|| VerifyError::workload(&manifest, format!("{name}: no shape")))?;
     let open = rest[s..].find('[').unwrap() + s;
     let close = rest[open..].find(']').unwrap() + open;
     let shape: Vec<usize> = rest[open + 1..close].split(',').filter_map(|t| t.trim().parse().ok()).collect();
-    let bytes = std::fs::read(dir.join(format!("{name}.bin")))
-        .map_err(|e| GpuError::Unsupported(format!("{name}.bin: {e}")))?;
+    let bin = dir.join(format!("{name}.bin"));
+    let bytes = std::fs::read(&bin).map_err(|e| VerifyError::workload(&bin, e))?;
     Ok((bytes, shape))
 }
 
 /// An `[N, 3]` float32 workload as x, y, z columns.
-pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), GpuError> {
+pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), VerifyError> {
     let (bytes, _shape) = read_workload(dir, name)?;
     let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     let n = v.len() / 3;

@@ -2,6 +2,7 @@
 //! W3 / W4 benchmarks.
 
 use super::report::{BenchRow, CheckRow, Rng};
+use super::VerifyError;
 use super::{load_scan, read_workload, time_ms, upload_cloud, workload_xyz};
 use crate::cloud::Cloud;
 use crate::gpu::{upload_xyz, DeviceXyz, GpuContext, GpuError};
@@ -11,7 +12,6 @@ use crate::ops::neighbors::cuda::{
 use crate::ops::neighbors::{
     ball_query as cpu_ball, knn as cpu_knn, BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors,
 };
-use crate::ops::param_err;
 use cudarc::driver::CudaSlice;
 use std::path::Path;
 
@@ -102,17 +102,17 @@ fn check_pair(
     qs: (DeviceXyz<'_>, &Cloud),
     ks: &[usize],
     balls: &[BallQueryParams],
-) -> Result<(), GpuError> {
+) -> Result<(), VerifyError> {
     for &k in ks {
         let p = KnnParams { k };
-        let cpu = cpu_knn(pts.1, qs.1, &p).map_err(param_err)?;
+        let cpu = cpu_knn(pts.1, qs.1, &p)?;
         let g1 = knn_with(ctx, s, pts.0, qs.0, &p)?;
         let kernel = s.last_kernel.clone();
         let g2 = knn_with(ctx, s, pts.0, qs.0, &p)?;
         rows.push(knn_row(case, pts.1.len(), &cpu, &g1, &g2, &kernel));
     }
     for p in balls {
-        let cpu = cpu_ball(pts.1, qs.1, p).map_err(param_err)?;
+        let cpu = cpu_ball(pts.1, qs.1, p)?;
         let g1 = ball_query_with(ctx, s, pts.0, qs.0, p)?;
         let kernel = s.last_kernel.clone();
         let g2 = ball_query_with(ctx, s, pts.0, qs.0, p)?;
@@ -131,7 +131,7 @@ fn raw_upload(ctx: &GpuContext, c: &Cloud) -> Result<CudaSlice<f32>, GpuError> {
 }
 
 /// GPU vs CPU KNN and ball query over the Ouster scans and random clouds from `seed`.
-pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
     let mut rows = Vec::new();
     let mut s = NeighborsScratch::new(ctx)?;
     let ff = BallPadding::FirstFound;
@@ -284,7 +284,7 @@ fn same_as_cpu(g: &Neighbors, c: &Neighbors) -> bool {
 }
 
 /// KNN and ball-query benchmarks on the fixed workloads (W3a, W3b, W4).
-pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
+pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, VerifyError> {
     let mut rows = Vec::new();
     let mut s = NeighborsScratch::new(ctx)?;
     let runs = 50;
@@ -295,7 +295,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
     let ad = DeviceXyz::new(&a, n, n)?;
     let p = KnnParams { k: 16 };
     let w3a_cloud = Cloud::from_xyz(x.clone(), y.clone(), z.clone());
-    let w3a_cpu = cpu_knn(&w3a_cloud, &w3a_cloud, &p).map_err(param_err)?;
+    let w3a_cpu = cpu_knn(&w3a_cloud, &w3a_cloud, &p)?;
     {
         let ms = time_ms(ctx, 3, runs, || knn_enqueue(ctx, &mut s, ad, ad, &p))?;
         let same = same_as_cpu(&knn_with(ctx, &mut s, ad, ad, &p)?, &w3a_cpu);
@@ -336,8 +336,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
             qi.iter().map(|&i| z[i]).collect(),
         ),
         &p,
-    )
-    .map_err(param_err)?;
+    )?;
     {
         let ms = time_ms(ctx, 3, runs, || knn_enqueue(ctx, &mut s, pd, qd, &p))?;
         let same = same_as_cpu(&knn_with(ctx, &mut s, pd, qd, &p)?, &w3b_cpu);

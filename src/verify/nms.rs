@@ -2,7 +2,8 @@
 //! detections and the fixed workloads, and the benchmarks.
 
 use super::report::{BenchRow, CheckRow, Rng};
-use crate::gpu::{GpuContext, GpuError};
+use super::VerifyError;
+use crate::gpu::GpuContext;
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{nms as cpu_nms, validate_input, Box3d, NmsKind, NmsParams};
 use std::path::Path;
@@ -67,7 +68,7 @@ fn compare_row(
     scores: &[f32],
     classes: &[i32],
     params: &NmsParams,
-) -> Result<CheckRow, GpuError> {
+) -> Result<CheckRow, VerifyError> {
     let cpu = cpu_nms(boxes, scores, classes, params);
     let row = |identical: bool, det: bool, detail: String| CheckRow {
         operator: operator.to_string(),
@@ -88,7 +89,7 @@ fn compare_row(
             return Ok(row(same, true, format!("both refuse: {e}")));
         }
     };
-    validate_input(boxes, scores, classes, params).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+    validate_input(boxes, scores, classes, params)?;
     let cls = if params.class_aware { classes } else { &[] };
     dev.upload(ctx, boxes, scores, cls)?;
     let g1 = dev.run(ctx, params)?;
@@ -127,7 +128,7 @@ fn default_threshold(k: NmsKind) -> f32 {
 /// kinds; class-aware on and off; score threshold, pre_max_size, post_max_size), and the KITTI
 /// PointPillars detections under `eval_dir/kitti_fov/*.pointpillars.txt` when present. Each GPU
 /// run twice.
-pub fn check(ctx: &GpuContext, seed: u64, eval_dir: Option<&Path>) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check(ctx: &GpuContext, seed: u64, eval_dir: Option<&Path>) -> Result<Vec<CheckRow>, VerifyError> {
     check_sizes(ctx, seed, &[0, 1, 2, 3, 317, 4096, 20000], eval_dir)
 }
 
@@ -137,7 +138,7 @@ pub fn check_sizes(
     seed: u64,
     sizes: &[usize],
     eval_dir: Option<&Path>,
-) -> Result<Vec<CheckRow>, GpuError> {
+) -> Result<Vec<CheckRow>, VerifyError> {
     let mut rows = Vec::new();
     let mut dev = DeviceNms::new(ctx)?;
     let kinds = [NmsKind::AxisAligned, NmsKind::RotatedBev, NmsKind::Circle];
@@ -211,7 +212,7 @@ pub fn check_sizes(
         for f in files {
             let (boxes, scores, classes) = match read_detections(&f) {
                 Ok(v) => v,
-                Err(e) => return Err(GpuError::Unsupported(format!("{}: {e}", f.display()))),
+                Err(e) => return Err(VerifyError::workload(&f, e)),
             };
             let name = f.file_name().unwrap().to_string_lossy().to_string();
             for (kind, t, ca) in [
@@ -277,18 +278,18 @@ fn manifest_shape(dir: &Path, name: &str) -> Option<Vec<usize>> {
     rest[open + 1..close].split(',').map(|t| t.trim().parse().ok()).collect()
 }
 
-fn read_f32(dir: &Path, name: &str, cols: usize) -> Result<(Vec<f32>, usize), GpuError> {
+fn read_f32(dir: &Path, name: &str, cols: usize) -> Result<(Vec<f32>, usize), VerifyError> {
     let path = dir.join(format!("{name}.bin"));
-    let bytes = std::fs::read(&path).map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+    let bytes = std::fs::read(&path).map_err(|e| VerifyError::workload(&path, e))?;
     let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let rows = v.len() / cols.max(1);
     if let Some(shape) = manifest_shape(dir, name) {
         let want: usize = shape.iter().product();
         if want != v.len() || shape[0] != rows {
-            return Err(GpuError::Unsupported(format!(
-                "{name}: manifest shape {shape:?}, file holds {} floats",
-                v.len()
-            )));
+            return Err(VerifyError::workload(
+                &path,
+                format!("manifest.json gives {name} the shape {shape:?}, the file holds {} floats", v.len()),
+            ));
         }
     }
     Ok((v, rows))
@@ -308,7 +309,7 @@ pub struct Workload {
 /// The fixed NMS workloads present in `dir` (aa 10000/50000 at IoU 0.5, rotated 4096/20000 at
 /// IoU 0.7, circle 0.5 m on the rotated boxes). Axis-aligned `x1 y1 x2 y2` become centre/size
 /// boxes on the host; the CPU reference sees the same converted boxes.
-pub fn load_workloads(dir: &Path) -> Result<Vec<Workload>, GpuError> {
+pub fn load_workloads(dir: &Path) -> Result<Vec<Workload>, VerifyError> {
     let mut out = Vec::new();
     for (n, target, peer, peer_kept) in
         [(10000usize, Some(0.5), Some(4.86), Some(7474)), (50000, None, Some(86.7), None)]
@@ -374,7 +375,7 @@ pub fn load_workloads(dir: &Path) -> Result<Vec<Workload>, GpuError> {
 }
 
 /// GPU vs CPU keep lists on the fixed workloads (each GPU run twice).
-pub fn check_workloads(ctx: &GpuContext, dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check_workloads(ctx: &GpuContext, dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
     let mut dev = DeviceNms::new(ctx)?;
     let mut rows = Vec::new();
     for w in load_workloads(dir)? {
@@ -404,7 +405,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// device, the keep list's read-back excluded), warm-up then the median of 60 runs, on the fixed
 /// workloads in `workloads`. Each row's note has the per-stage medians and whether the keep list
 /// equals the CPU reference.
-pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
+pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, VerifyError> {
     const RUNS: usize = 60;
     let mut rows = Vec::new();
     let mut dev = DeviceNms::new(ctx)?;
@@ -412,7 +413,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
     for w in load_workloads(workloads)? {
         let n = w.boxes.len();
         let t0 = std::time::Instant::now();
-        let cpu = cpu_nms(&w.boxes, &w.scores, &[], &w.params).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        let cpu = cpu_nms(&w.boxes, &w.scores, &[], &w.params)?;
         let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
         dev.upload(ctx, &w.boxes, &w.scores, &[])?;
         let first = dev.run(ctx, &w.params)?; // warm-up; sizes the entry lists
@@ -429,7 +430,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuErr
             let st = timer.finish()?;
             let out = dev.read(ctx, l)?;
             if dev.reruns != reruns {
-                return Err(GpuError::Unsupported("entry list overflow after warm-up".into()));
+                return Err(VerifyError::EntryListOverflow);
             }
             same &= out.as_ref() == Some(&cpu);
             totals.push(st.iter().map(|(_, ms)| *ms as f64).sum());

@@ -1,12 +1,13 @@
 //! Inputs and the comparison for the gather checks of `check-gpu`: the GPU gather of a message
 //! against the CPU reference bit for bit, and messages with unusual layouts.
 
-use crate::gpu::{upload_and_gather, GpuContext, GpuError};
+use super::VerifyError;
 use crate::cloud::{Cloud, CloudView, Datatype, Header, PointCloud2, PointField, PointLayout};
+use crate::gpu::{upload_and_gather, GpuContext};
 use std::borrow::Cow;
 
 /// Compares the GPU result of `msg` with the CPU `gather` bit for bit; returns a mismatch text.
-pub fn compare_with_cpu(ctx: &GpuContext, msg: &PointCloud2<'_>) -> Result<Result<String, String>, GpuError> {
+pub fn compare_with_cpu(ctx: &GpuContext, msg: &PointCloud2<'_>) -> Result<Result<String, String>, VerifyError> {
     let view = CloudView::new(msg.clone())?;
     let cpu = view.gather();
     let dev = upload_and_gather(ctx, &view)?;

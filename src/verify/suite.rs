@@ -3,6 +3,7 @@
 
 use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
 use super::smoke::{big_message, compare_with_cpu, exotic_message};
+use super::VerifyError;
 use super::{fps, neighbors, nms, voxel};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
@@ -11,7 +12,7 @@ use crate::pipeline::{Engine, Pipeline, PipelineConfig};
 use std::path::Path;
 use std::time::Instant;
 
-fn gather_row(ctx: &GpuContext, case: &str, msg: &PointCloud2<'_>) -> Result<CheckRow, GpuError> {
+fn gather_row(ctx: &GpuContext, case: &str, msg: &PointCloud2<'_>) -> Result<CheckRow, VerifyError> {
     // Two runs that each equal the CPU bit for bit are also equal to each other.
     let first = compare_with_cpu(ctx, msg)?;
     let second = compare_with_cpu(ctx, msg)?;
@@ -33,10 +34,11 @@ fn gather_row(ctx: &GpuContext, case: &str, msg: &PointCloud2<'_>) -> Result<Che
 
 /// The gather kernel on every Ouster scan in the driver's 48-byte layout, an organized
 /// big-endian padded layout with every datatype, and a 1.1 M-point cloud with NaN/inf points.
-fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
     let mut rows = Vec::new();
     for name in SCANS {
-        let scan = load_ouster_bin(&ouster_dir.join(name)).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        let path = ouster_dir.join(name);
+        let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
         rows.push(gather_row(
             ctx,
             &format!("ouster {name} (48-byte layout)"),
@@ -51,7 +53,7 @@ fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, Gp
 }
 
 /// A second context with the same options must load every module from the cubin cache.
-fn check_cache(ctx: &GpuContext) -> Result<CheckRow, GpuError> {
+fn check_cache(ctx: &GpuContext) -> Result<CheckRow, VerifyError> {
     let options = GpuOptions {
         profile: ProfileChoice::Named(ctx.profile.name.clone()),
         cache_dir: ctx.cache_dir.clone(),
@@ -77,7 +79,7 @@ pub fn check_all(
     seed: u64,
     ouster_dir: &Path,
     eval_dir: Option<&Path>,
-) -> Result<CheckTable, GpuError> {
+) -> Result<CheckTable, VerifyError> {
     let mut rows = vec![check_cache(ctx)?];
     rows.extend(check_gather(ctx, ouster_dir)?);
     rows.extend(voxel::check(ctx, seed, ouster_dir)?);
@@ -115,8 +117,9 @@ const PIPELINE_BENCHES: [(&str, &str, Option<f64>); 3] = [
 /// The whole pipeline on one 107k-point Ouster scan, wall clock per frame: CDR bytes -> pinned
 /// staging -> H2D -> gather -> the configured stages -> every published message encoded as CDR on
 /// the host. Medians of 50 frames after 10 warm-up frames; stage p50s in the note.
-fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, GpuError> {
-    let scan = load_ouster_bin(&ouster_dir.join(SCANS[0])).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, VerifyError> {
+    let path = ouster_dir.join(SCANS[0]);
+    let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
     let cdr = ouster_cloud_message(&scan, Header::default()).to_cdr();
     let mut rows = Vec::new();
     for (name, yaml, target_ms) in PIPELINE_BENCHES {
@@ -126,8 +129,8 @@ fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, Gpu
         let mut ms = Vec::new();
         for i in 0..60 {
             let t = Instant::now();
-            let frame = pipeline.process_cdr(&cdr).map_err(|e| GpuError::Unsupported(e.to_string()))?;
-            let bytes: usize = frame.messages().iter().map(|(_, m)| m.to_cdr().len()).sum();
+            let frame = pipeline.process_cdr(&cdr)?;
+            let bytes: usize = frame.messages().iter().map(|(_, m)| m.cdr().len()).sum();
             std::hint::black_box(bytes);
             if i >= 10 {
                 ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -158,7 +161,7 @@ fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, Gpu
 }
 
 /// Every benchmark on the fixed workloads in `workloads` (see shared/bench/workloads.py).
-pub fn bench_all(ctx: &GpuContext, workloads: &Path, ouster_dir: &Path) -> Result<BenchTable, GpuError> {
+pub fn bench_all(ctx: &GpuContext, workloads: &Path, ouster_dir: &Path) -> Result<BenchTable, VerifyError> {
     let mut rows = voxel::bench(ctx, workloads)?;
     rows.extend(fps::bench(ctx, workloads)?);
     rows.extend(neighbors::bench(ctx, workloads)?);

@@ -2,6 +2,7 @@
 //! benchmarks on the W1 workloads.
 
 use super::report::{BenchRow, CheckRow, Rng};
+use super::VerifyError;
 use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
 use crate::gpu::{DeviceCloud, GpuContext, GpuError, StageTimer};
 use crate::ops::voxel::cuda::{voxel_grid_downsample, GpuVoxelizer};
@@ -103,7 +104,7 @@ pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
     out
 }
 
-fn upload(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), GpuError> {
+fn upload(ctx: &GpuContext, cloud: &Cloud) -> Result<(DeviceCloud, Cloud), VerifyError> {
     let msg = PointCloud2::from_cloud(Header::default(), cloud, &PointLayout::packed_for(cloud));
     let view = crate::cloud::CloudView::new(msg)?;
     let dev = crate::gpu::upload_and_gather(ctx, &view)?;
@@ -187,17 +188,17 @@ fn first_hard_diff(g: &HardVoxels, c: &HardVoxels) -> String {
 /// Compares every GPU voxel operator with the CPU reference on the real Ouster scans
 /// (`ouster_dir/*.bin`) and on clouds drawn from `seed`, for the W1 pillars and voxels configs;
 /// each GPU op runs twice (outputs must be identical).
-pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
     check_with(ctx, seed, ouster_dir, false)
 }
 
 /// [`check`]; `quick` keeps the first Ouster scan and the small drawn clouds only (for runs under
 /// compute-sanitizer).
-pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -> Result<Vec<CheckRow>, GpuError> {
+pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -> Result<Vec<CheckRow>, VerifyError> {
     use crate::ops::voxel as cpu;
     let mut cases: Vec<(String, Cloud, Vec<usize>)> = Vec::new();
     let mut files: Vec<_> = std::fs::read_dir(ouster_dir)
-        .map_err(|e| GpuError::Unsupported(format!("{}: {e}", ouster_dir.display())))?
+        .map_err(|e| VerifyError::workload(ouster_dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "bin"))
         .collect();
@@ -206,8 +207,7 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
         files.truncate(1);
     }
     for (k, f) in files.iter().enumerate() {
-        let scan = crate::bag::sample::load_ouster_bin(f)
-            .map_err(|e| GpuError::Unsupported(format!("{}: {e}", f.display())))?;
+        let scan = crate::bag::sample::load_ouster_bin(f).map_err(|e| VerifyError::workload(f, e))?;
         // Channel 3 = reflectivity as the intensity; the first scan also carries ring and t.
         let chans = if k == 0 { vec![3, 4, 5] } else { vec![3] };
         cases.push((format!("ouster {}", f.file_name().unwrap().to_string_lossy()), scan, chans));
@@ -229,7 +229,7 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
         for (cfg_name, params) in &configs {
             let label = format!("{case} / {cfg_name}");
             // Hard voxelization (+ fused pillars, + standalone pillar kernel).
-            let exp = cpu::voxelize_hard(&proj, params).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+            let exp = cpu::voxelize_hard(&proj, params)?;
             vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
             let (g1, pf1) = vox.hard_to_host(ctx)?;
             let half_raw = vox.hard_features_f16(ctx, false)?;
@@ -285,8 +285,7 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             let pf1 = pf1.unwrap();
             let pf2 = pf2.unwrap();
             for with_range in [true, false] {
-                let pexp = cpu::pillar_features(&exp, &params.grid, with_range)
-                    .map_err(|e| GpuError::Unsupported(e.to_string()))?;
+                let pexp = cpu::pillar_features(&exp, &params.grid, with_range)?;
                 let (fused, fused2) = if with_range {
                     (pf1.clone(), pf2.clone())
                 } else {
@@ -365,11 +364,11 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
 }
 
 /// Reads `dir/name.bin` as `[N, 4]` float32 LE (x, y, z, r) into a cloud.
-fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, GpuError> {
+fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, VerifyError> {
     let p = dir.join(format!("{name}.bin"));
-    let bytes = std::fs::read(&p).map_err(|e| GpuError::Unsupported(format!("{}: {e}", p.display())))?;
+    let bytes = std::fs::read(&p).map_err(|e| VerifyError::workload(&p, e))?;
     if bytes.len() % 16 != 0 {
-        return Err(GpuError::Unsupported(format!("{}: not [N, 4] float32", p.display())));
+        return Err(VerifyError::workload(&p, format!("{} bytes: not [N, 4] float32", bytes.len())));
     }
     let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     let c = |k: usize| v.iter().skip(k).step_by(4).copied().collect::<Vec<f32>>();
@@ -402,7 +401,7 @@ fn median_ms(
 
 /// Per-launch GPU times (median of 100 runs, an event after every launch) of hard voxelization on
 /// the W1 pillars workloads, raw features and raw + fused pillar features: one line per workload.
-pub fn bench_stages(ctx: &GpuContext, workloads: &Path) -> Result<Vec<String>, GpuError> {
+pub fn bench_stages(ctx: &GpuContext, workloads: &Path) -> Result<Vec<String>, VerifyError> {
     const RUNS: usize = 100;
     let mut vox = GpuVoxelizer::new(ctx)?;
     let mut timer = ctx.stage_timer();
@@ -443,7 +442,7 @@ pub fn bench_stages(ctx: &GpuContext, workloads: &Path) -> Result<Vec<String>, G
 
 /// GPU time (CUDA events, 10 warm-up runs, median of 100) of the voxel operators on the W1
 /// workloads in `workloads` (`scan0_xyzr.bin`, `large_xyzr.bin`), data already on the device.
-pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, GpuError> {
+pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, VerifyError> {
     const RUNS: usize = 100;
     let mut vox = GpuVoxelizer::new(ctx)?;
     let mut timer = ctx.stage_timer();

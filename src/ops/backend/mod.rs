@@ -32,9 +32,22 @@ pub enum OpError {
     /// A size the backend cannot index (e.g. more points than its 32-bit kernels address).
     #[error("{what}: {value} exceeds the backend's limit of {limit}")]
     TooLarge { what: &'static str, value: u64, limit: u64 },
-    /// The device failed (driver error, launch failure, out of memory).
+    /// The device failed (driver error, launch failure, out of memory) or was misused.
     #[error("GPU: {0}")]
-    Device(#[from] GpuError),
+    Device(GpuError),
+}
+
+/// A launcher's parameter and size errors are the backend-neutral [`OpError::Param`] and
+/// [`OpError::TooLarge`] (a bad parameter is the same error on the CPU and on CUDA); every other
+/// device error is [`OpError::Device`].
+impl From<GpuError> for OpError {
+    fn from(e: GpuError) -> Self {
+        match e {
+            GpuError::Param(e) => OpError::Param(e),
+            GpuError::TooLarge { what, value, limit } => OpError::TooLarge { what, value, limit },
+            e => OpError::Device(e),
+        }
+    }
 }
 
 /// The operators of the pipeline, over one backend's clouds.

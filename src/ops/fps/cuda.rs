@@ -14,7 +14,7 @@
 
 use super::{BatchedFps, FpsOutput, FpsParams};
 use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
-use crate::ops::{param_err, ParamError, Validate};
+use crate::ops::{ParamError, Validate};
 use cudarc::driver::{sys, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Must match `struct FpsKernelParams` in cuda/fps.cu.
@@ -97,28 +97,44 @@ pub fn fps_enqueue(
     offsets: &[usize],
     params: &FpsParams,
 ) -> Result<(), GpuError> {
-    params.validate().map_err(param_err)?;
+    params.validate()?;
     let nb = offsets.len().saturating_sub(1);
     let k = params.num_samples;
     let total = *offsets.last().unwrap_or(&0);
     if total > points.len {
-        return Err(GpuError::Unsupported(format!(
-            "offsets cover {total} points, the device cloud has {}",
-            points.len
-        )));
+        return Err(GpuError::OffsetsBeyondCloud { covered: total, points: points.len });
     }
-    if total >= u32::MAX as usize || k > i32::MAX as usize || nb * k > (i32::MAX as usize) * 4 {
-        return Err(GpuError::Unsupported("FPS: too many points or samples for 32-bit indices".into()));
+    if total >= u32::MAX as usize {
+        return Err(GpuError::TooLarge {
+            what: "FPS points (32-bit indices)",
+            value: total as u64,
+            limit: u32::MAX as u64 - 1,
+        });
+    }
+    if k > i32::MAX as usize {
+        return Err(GpuError::TooLarge {
+            what: "FPS num_samples (32-bit indices)",
+            value: k as u64,
+            limit: i32::MAX as u64,
+        });
+    }
+    if nb * k > (i32::MAX as usize) * 4 {
+        return Err(GpuError::TooLarge {
+            what: "FPS samples of all clouds (clouds x num_samples, 32-bit indices)",
+            value: (nb * k) as u64,
+            limit: (i32::MAX as u64) * 4,
+        });
     }
     let mut maxlen = 0usize;
     for (b, w) in offsets.windows(2).enumerate() {
-        let l = w[1].checked_sub(w[0]).ok_or_else(|| GpuError::Unsupported("offsets must not decrease".into()))?;
+        let l = w[1].checked_sub(w[0]).ok_or(GpuError::OffsetsDecrease { cloud: b, start: w[0], end: w[1] })?;
         if l > 0 && params.start_index >= l {
-            return Err(param_err(ParamError::new(
+            return Err(ParamError::new(
                 "start_index",
                 params.start_index,
                 &format!("< number of points of every non-empty cloud (cloud {b} has {l})"),
-            )));
+            )
+            .into());
         }
         maxlen = maxlen.max(l);
     }
@@ -369,7 +385,7 @@ fn launch_cluster(
         };
         let r = sys::cuLaunchKernelEx(&cfg, func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut());
         if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(GpuError::Unsupported(format!("{name}: cuLaunchKernelEx with {g}-block clusters: {r:?}")));
+            return Err(GpuError::ClusterLaunch { kernel: name, cluster: g, source: cudarc::driver::DriverError(r) });
         }
     }
     Ok(())
@@ -391,14 +407,8 @@ pub fn farthest_point_sample_with(
     points: DeviceXyz<'_>,
     params: &FpsParams,
 ) -> Result<FpsOutput, GpuError> {
-    params.validate().map_err(param_err)?;
-    if points.len > 0 && params.start_index >= points.len {
-        return Err(param_err(ParamError::new(
-            "start_index",
-            params.start_index,
-            &format!("< number of points ({})", points.len),
-        )));
-    }
+    // The CPU reference's own checks (same ParamError on both backends).
+    params.check_cloud(points.len)?;
     fps_enqueue(ctx, scratch, points, &[0, points.len], params)?;
     Ok(FpsOutput { indices: scratch.download(ctx)? })
 }
@@ -422,17 +432,22 @@ pub fn farthest_point_sample_batched_with(
     lengths: &[usize],
     params: &FpsParams,
 ) -> Result<BatchedFps, GpuError> {
-    params.validate().map_err(param_err)?;
+    params.validate()?;
     let mut offsets = vec![0usize];
     for &l in lengths {
-        offsets.push(offsets.last().unwrap() + l);
+        let next = offsets.last().unwrap().checked_add(l);
+        offsets.push(next.ok_or_else(|| ParamError::new("lengths", "overflow", "sum of lengths = number of points"))?);
     }
     if *offsets.last().unwrap() != points.len {
-        return Err(param_err(ParamError::new(
+        return Err(ParamError::new(
             "lengths",
             format!("sum {}", offsets.last().unwrap()),
             &format!("sum of lengths = number of points ({})", points.len),
-        )));
+        )
+        .into());
+    }
+    if let Some(&l) = lengths.iter().find(|&&l| l > crate::ops::neighbors::MAX_POINTS) {
+        return Err(ParamError::new("lengths", l, "each at most 2147483647 (2^31 - 1) points, indices are i32").into());
     }
     fps_enqueue(ctx, scratch, points, &offsets, params)?;
     Ok(BatchedFps { indices: scratch.download(ctx)?, offsets, num_samples: params.num_samples })

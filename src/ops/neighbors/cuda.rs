@@ -15,7 +15,7 @@
 
 use super::{BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
-use crate::ops::{param_err, Validate};
+use crate::ops::Validate;
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
 /// Cells allowed per point (worst-case size of the count and start arrays).
@@ -100,7 +100,11 @@ pub(crate) fn build_grid(
     let b = ctx.profile.block_size.neighbors as usize;
     let n = points.len;
     if n >= u32::MAX as usize / 2 {
-        return Err(GpuError::Unsupported(format!("{n} points: too many for the neighbour grid")));
+        return Err(GpuError::TooLarge {
+            what: "neighbour grid points",
+            value: n as u64,
+            limit: (u32::MAX / 2 - 1) as u64,
+        });
     }
     let max_cells = (CELLS_PER_POINT * n).max(64);
     let tile = b * SCAN_ITEMS;
@@ -177,8 +181,13 @@ fn list_kernel(prefix: &str, width: usize) -> String {
 }
 
 fn check_sizes(points: &DeviceXyz<'_>, queries: &DeviceXyz<'_>, width: usize) -> Result<(), GpuError> {
-    if points.len > i32::MAX as usize || queries.len >= u32::MAX as usize || width > u32::MAX as usize {
-        return Err(GpuError::Unsupported("neighbour search: sizes exceed 32-bit indexing".into()));
+    let limits = [
+        ("neighbour search points (32-bit indexing)", points.len, i32::MAX as usize),
+        ("neighbour search queries (32-bit indexing)", queries.len, u32::MAX as usize - 1),
+        ("neighbour search row width, k or nsample (32-bit indexing)", width, u32::MAX as usize),
+    ];
+    if let Some(&(what, value, limit)) = limits.iter().find(|(_, v, l)| v > l) {
+        return Err(GpuError::TooLarge { what, value: value as u64, limit: limit as u64 });
     }
     Ok(())
 }
@@ -191,7 +200,7 @@ pub fn knn_enqueue(
     queries: DeviceXyz<'_>,
     params: &KnnParams,
 ) -> Result<(), GpuError> {
-    params.validate().map_err(param_err)?;
+    params.validate()?;
     check_sizes(&points, &queries, params.k)?;
     let (m, k) = (queries.len, params.k);
     s.rows = m;
@@ -281,7 +290,7 @@ pub fn ball_query_enqueue(
     queries: DeviceXyz<'_>,
     params: &BallQueryParams,
 ) -> Result<(), GpuError> {
-    params.validate().map_err(param_err)?;
+    params.validate()?;
     check_sizes(&points, &queries, params.nsample)?;
     let (m, ns) = (queries.len, params.nsample);
     s.rows = m;

@@ -143,11 +143,19 @@ impl DeviceNms {
         let pre = params.pre_max_size.unwrap_or(usize::MAX).min(n);
         let post = params.post_max_size.unwrap_or(usize::MAX).min(n).min(i32::MAX as usize);
         let wt = pre.div_ceil(TILE);
-        if n > i32::MAX as usize || wt > MAX_TILES {
-            return Err(GpuError::Unsupported(format!(
-                "GPU NMS takes at most {} candidates after pre_max_size ({pre} given)",
-                MAX_TILES * TILE
-            )));
+        if n > i32::MAX as usize {
+            return Err(GpuError::TooLarge {
+                what: "GPU NMS boxes (32-bit indices)",
+                value: n as u64,
+                limit: i32::MAX as u64,
+            });
+        }
+        if wt > MAX_TILES {
+            return Err(GpuError::TooLarge {
+                what: "GPU NMS candidates after pre_max_size",
+                value: pre as u64,
+                limit: (MAX_TILES * TILE) as u64,
+            });
         }
         let capt = self.tile_capacity;
         if let Some(t) = timer.as_deref_mut() {
@@ -247,9 +255,13 @@ impl DeviceNms {
                     ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                         as usize;
                 if smem + 256 > max {
-                    return Err(GpuError::Unsupported(format!(
-                        "GPU NMS sweep needs {smem} bytes of shared memory for {pre} candidates; the device allows {max}"
-                    )));
+                    return Err(GpuError::SharedMemory {
+                        kernel: "GPU NMS sweep",
+                        needed: smem,
+                        available: max,
+                        count: pre,
+                        items: "candidates",
+                    });
                 }
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

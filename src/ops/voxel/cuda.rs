@@ -30,7 +30,7 @@
 
 use super::{Downsampled, DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
 use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, StageTimer};
-use crate::ops::Validate;
+use crate::ops::{ParamError, Validate};
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Output channels at most (x, y, z + 13 others); `VOX_MAX_CHANNELS` in cuda/voxel.cu.
@@ -261,20 +261,28 @@ impl GpuVoxelizer {
 
     fn check_channels(cloud: &DeviceCloud, channels: &[usize]) -> Result<(), GpuError> {
         if 3 + channels.len() > MAX_CHANNELS {
-            return Err(GpuError::Unsupported(format!(
-                "{} extra channels: at most {}",
-                channels.len(),
-                MAX_CHANNELS - 3
-            )));
+            return Err(GpuError::TooLarge {
+                what: "voxelization extra channels (after x, y, z)",
+                value: channels.len() as u64,
+                limit: (MAX_CHANNELS - 3) as u64,
+            });
         }
         if let Some(&c) = channels.iter().find(|&&c| c >= cloud.num_channels()) {
-            return Err(GpuError::Unsupported(format!(
-                "channel index {c} of a cloud with {} channels",
-                cloud.num_channels()
-            )));
+            return Err(GpuError::BadChannel { index: c, channels: cloud.num_channels() });
         }
-        if cloud.capacity > u32::MAX as usize || cloud.len > MAX_POINTS {
-            return Err(GpuError::Unsupported(format!("cloud too large: at most {MAX_POINTS} points (30-bit counts)")));
+        if cloud.len > MAX_POINTS {
+            return Err(GpuError::TooLarge {
+                what: "voxelization points (30-bit counts)",
+                value: cloud.len as u64,
+                limit: MAX_POINTS as u64,
+            });
+        }
+        if cloud.capacity > u32::MAX as usize {
+            return Err(GpuError::TooLarge {
+                what: "voxelization device column capacity in points (32-bit)",
+                value: cloud.capacity as u64,
+                limit: u32::MAX as u64,
+            });
         }
         Ok(())
     }
@@ -305,7 +313,7 @@ impl GpuVoxelizer {
         point_outputs: bool,
         mut timer: Option<&mut StageTimer>,
     ) -> Result<VoxParams, GpuError> {
-        grid.validate().map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        grid.validate()?;
         Self::check_channels(cloud, channels)?;
         let s = &ctx.stream;
         let n = cloud.len;
@@ -435,9 +443,10 @@ impl GpuVoxelizer {
         pillar: Option<bool>,
         mut timer: Option<&mut StageTimer>,
     ) -> Result<(), GpuError> {
-        params.validate().map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        params.validate()?;
         if pillar.is_some() && channels.is_empty() {
-            return Err(GpuError::Unsupported("pillar features need an intensity channel (channels[0])".into()));
+            // The CPU reference's error for voxels without an intensity channel (channels[0]).
+            return Err(ParamError::new("voxels.num_channels", 3, ">= 4 (x, y, z, intensity)").into());
         }
         let s = &ctx.stream;
         let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
@@ -495,10 +504,10 @@ impl GpuVoxelizer {
     /// (raw features must have been written; channel 3 = intensity). Writes `self.pillar`.
     pub fn pillar_device(&mut self, ctx: &GpuContext, with_range: bool) -> Result<(), GpuError> {
         let LastOp::Hard { max_points, num_channels, max_voxels, .. } = self.last else {
-            return Err(GpuError::Unsupported("pillar_device needs hard voxels on the device".into()));
+            return Err(GpuError::NoResult { op: "pillar_device", result: "hard voxels" });
         };
         if num_channels < 4 {
-            return Err(GpuError::Unsupported("pillar features need >= 4 channels".into()));
+            return Err(ParamError::new("voxels.num_channels", num_channels, ">= 4 (x, y, z, intensity)").into());
         }
         let mut p = self.last_params;
         p.flags = if with_range { FLAG_RANGE } else { 0 };
@@ -555,7 +564,7 @@ impl GpuVoxelizer {
     /// Copies the last hard result back (waits for the stream).
     pub fn hard_to_host(&self, _ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
         let LastOp::Hard { max_points, num_channels, pillar_channels, max_voxels } = self.last else {
-            return Err(GpuError::Unsupported("no hard voxels on the device".into()));
+            return Err(GpuError::NoResult { op: "hard_to_host", result: "hard voxels" });
         };
         let ctr = self.counters_host()?;
         let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
@@ -590,17 +599,17 @@ impl GpuVoxelizer {
     /// rounding of [`crate::ops::voxel::features_f16`], so both backends give the same bits.
     pub fn hard_features_f16(&mut self, ctx: &GpuContext, pillar: bool) -> Result<Vec<half::f16>, GpuError> {
         let LastOp::Hard { max_points, num_channels, pillar_channels, max_voxels } = self.last else {
-            return Err(GpuError::Unsupported("no hard voxels on the device".into()));
+            return Err(GpuError::NoResult { op: "hard_features_f16", result: "hard voxels" });
         };
         let raw_written = self.last_params.flags & FLAG_RAW != 0;
         let (src, c) = match pillar {
             true if pillar_channels > 0 => (self.pillar.ptr(), pillar_channels),
             false if raw_written => (self.features.ptr(), num_channels),
             _ => {
-                return Err(GpuError::Unsupported(format!(
-                    "the last hard voxelization wrote no {} features",
-                    if pillar { "pillar" } else { "raw" }
-                )))
+                return Err(GpuError::NoResult {
+                    op: "hard_features_f16",
+                    result: if pillar { "pillar features" } else { "raw hard-voxel features" },
+                })
             }
         };
         let v = (self.counters_host()?[CTR_VOXELS]).min(max_voxels) as usize;
@@ -620,7 +629,7 @@ impl GpuVoxelizer {
     /// Copies the last dynamic result back (waits for the stream).
     pub fn dynamic_to_host(&self, _ctx: &GpuContext) -> Result<DynamicVoxels, GpuError> {
         let LastOp::Dynamic { points, num_channels } = self.last else {
-            return Err(GpuError::Unsupported("no dynamic voxels on the device".into()));
+            return Err(GpuError::NoResult { op: "dynamic_to_host", result: "dynamic voxels" });
         };
         let ctr = self.counters_host()?;
         let v = ctr[CTR_VOXELS] as usize;
