@@ -163,20 +163,19 @@ pub fn neighborhoods_message(
     samples: &[i32],
     n: &Neighborhoods,
 ) -> CloudMessage {
-    let xyz: Vec<[f32; 3]> =
-        n.indices.iter().map(|&i| if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) }).collect();
-    let axis = |a: usize| Column::F32(xyz.iter().map(|p| p[a]).collect());
+    use Datatype::{Float32, Int32};
+    let names = [("x", Float32), ("y", Float32), ("z", Float32), ("index", Int32), ("query", Int32), ("query_index", Int32)];
+    let fields: Vec<PointField> = names.iter().enumerate().map(|(k, (n, dt))| PointField::new(n, 4 * k as u32, *dt)).collect();
     let rows = if n.width == 0 { 0 } else { n.indices.len() / n.width };
-    let row_of = |f: &dyn Fn(usize) -> i32| Column::I32((0..rows * n.width).map(|s| f(s / n.width)).collect());
-    let columns = [
-        ("x", axis(0)),
-        ("y", axis(1)),
-        ("z", axis(2)),
-        ("index", Column::I32(n.indices.as_slice().into())),
-        ("query", row_of(&|q| q as i32)),
-        ("query_index", row_of(&|q| samples[q])),
-    ];
-    let mut msg = packed_message(header, rows, n.width, &columns);
+    let mut msg = CloudMessage::new(header, rows, n.width, &fields, 24, false);
+    for (slot, rec) in msg.data_mut().chunks_exact_mut(24).enumerate() {
+        let (i, q) = (n.indices[slot], slot / n.width);
+        let p = if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) };
+        let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];
+        for (dst, w) in rec.chunks_exact_mut(4).zip(words) {
+            dst.copy_from_slice(&w.to_le_bytes());
+        }
+    }
     msg.set_dense(!n.indices.iter().any(|&i| i < 0));
     msg
 }

@@ -5,7 +5,7 @@
 
 use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
-use crate::cloud::{Cloud, CloudView};
+use crate::cloud::{Cloud, CloudView, Datatype};
 use crate::ops::backend::Backend;
 use crate::ops::voxel::DynamicVoxels;
 
@@ -153,8 +153,13 @@ pub fn run<B: Backend>(
     };
     let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
     let (downsampled, downsampled_points) = if cfg.downsample.enabled {
-        let (dv, kept) =
-            timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled))?;
+        // The means of fields float32 cannot hold are taken from the records, per point.
+        let per_point = view.layout.channels()[3..]
+            .iter()
+            .any(|f| Datatype::from_u8(f.datatype).is_some_and(Datatype::wider_than_f32));
+        let (dv, kept) = timed(t, "downsample", || {
+            backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled, per_point)
+        })?;
         (Some(dv), kept)
     } else {
         (None, None)

@@ -322,9 +322,9 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             // Dynamic voxelization and downsampling.
             let dexp = cpu::voxelize_dynamic(&proj, &params.grid);
             vox.dynamic_device(ctx, &dev, chans, &params.grid)?;
-            let d1 = vox.dynamic_to_host(ctx)?;
+            let d1 = vox.dynamic_to_host(ctx, crate::ops::voxel::cuda::PerPoint::All)?;
             vox.dynamic_device(ctx, &dev, chans, &params.grid)?;
-            let d2 = vox.dynamic_to_host(ctx)?;
+            let d2 = vox.dynamic_to_host(ctx, crate::ops::voxel::cuda::PerPoint::All)?;
             rows.push(CheckRow {
                 operator: "voxelize_dynamic".into(),
                 case: label.clone(),
@@ -493,7 +493,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
                 });
             }
             let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.dynamic_device(ctx, &dev, &ch, &params.grid))?;
-            let d = vox.dynamic_to_host(ctx)?;
+            let d = vox.dynamic_to_host(ctx, crate::ops::voxel::cuda::PerPoint::All)?;
             rows.push(BenchRow {
                 operator: "voxelize_dynamic (means)".into(),
                 workload: format!("W1 {cfg_name} grid {wl}"),

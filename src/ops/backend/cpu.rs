@@ -78,6 +78,7 @@ impl Backend for CpuBackend {
         points: &HostPoints,
         grid: &VoxelGrid,
         keep: bool,
+        _per_point: bool,
     ) -> Result<(DynamicVoxels, Option<HostPoints>), OpError> {
         let dv = voxelize_dynamic(&points.cloud, grid);
         let kept = keep.then(|| HostPoints {

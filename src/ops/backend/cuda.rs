@@ -17,7 +17,7 @@ use crate::ops::neighbors::cuda::{ball_query_with, knn_with, NeighborsScratch};
 use crate::ops::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
-use crate::ops::voxel::cuda::GpuVoxelizer;
+use crate::ops::voxel::cuda::{GpuVoxelizer, PerPoint};
 use crate::ops::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
 use crate::ops::Validate;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
@@ -155,19 +155,21 @@ impl Backend for CudaBackend {
     ) -> Result<DynamicVoxels, OpError> {
         grid.validate()?;
         self.voxelizer.dynamic_device(&self.ctx, points.gathered(), channels, grid)?;
-        Ok(self.voxelizer.dynamic_to_host(&self.ctx)?)
+        Ok(self.voxelizer.dynamic_to_host(&self.ctx, PerPoint::All)?)
     }
     fn downsample(
         &mut self,
         points: &DevicePoints,
         grid: &VoxelGrid,
         keep: bool,
+        per_point: bool,
     ) -> Result<(DynamicVoxels, Option<DevicePoints>), OpError> {
         grid.validate()?;
         let cloud = points.gathered();
         let others: Vec<usize> = (3..cloud.num_channels()).collect();
         self.downsampler.dynamic_device(&self.ctx, cloud, &others, grid)?;
-        let dv = self.downsampler.dynamic_to_host(&self.ctx)?;
+        let per_point = if per_point { PerPoint::VoxelIndex } else { PerPoint::None };
+        let dv = self.downsampler.dynamic_to_host(&self.ctx, per_point)?;
         let kept = if keep {
             let c = dv.num_channels;
             let axis = |a: usize| dv.means.iter().skip(a).step_by(c).copied().collect::<Vec<f32>>();

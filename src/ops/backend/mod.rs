@@ -80,12 +80,14 @@ pub trait Backend {
         grid: &VoxelGrid,
     ) -> Result<DynamicVoxels, OpError>;
     /// Dynamic voxels of every channel (the downsampled cloud is their means); with `keep`, also
-    /// the downsampled cloud as this backend's points, for stages that run on it.
+    /// the downsampled cloud as this backend's points, for stages that run on it. Without
+    /// `per_point` a backend may leave `point_voxel` empty; `point_coords` may always be empty.
     fn downsample(
         &mut self,
         points: &Self::Points,
         grid: &VoxelGrid,
         keep: bool,
+        per_point: bool,
     ) -> Result<(DynamicVoxels, Option<Self::Points>), OpError>;
     /// Hard voxels with their PointPillars features (`channels[0]` is the intensity channel).
     fn pillar_features(

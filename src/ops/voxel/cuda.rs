@@ -160,6 +160,15 @@ pub(crate) fn make_params(
     (p, if direct { cells as usize } else { h })
 }
 
+/// Which per-point results of a dynamic voxelization [`GpuVoxelizer::dynamic_to_host`] copies back
+/// (the others come back empty): a downsample needs at most the voxel of each point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PerPoint {
+    All,
+    VoxelIndex,
+    None,
+}
+
 /// What the last enqueued operation left in the voxelizer's buffers.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LastOp {
@@ -627,16 +636,21 @@ impl GpuVoxelizer {
     }
 
     /// Copies the last dynamic result back (waits for the stream).
-    pub fn dynamic_to_host(&self, _ctx: &GpuContext) -> Result<DynamicVoxels, GpuError> {
+    pub fn dynamic_to_host(&self, _ctx: &GpuContext, per_point: PerPoint) -> Result<DynamicVoxels, GpuError> {
         let LastOp::Dynamic { points, num_channels } = self.last else {
             return Err(GpuError::NoResult { op: "dynamic_to_host", result: "dynamic voxels" });
         };
         let ctr = self.counters_host()?;
         let v = ctr[CTR_VOXELS] as usize;
         let tri = |x: Vec<i32>| x.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect::<Vec<_>>();
+        let (coords, voxel) = match per_point {
+            PerPoint::All => (points, points),
+            PerPoint::VoxelIndex => (0, points),
+            PerPoint::None => (0, 0),
+        };
         Ok(DynamicVoxels {
-            point_coords: tri(self.point_coords.to_host(3 * points)?),
-            point_voxel: self.point_voxel.to_host(points)?,
+            point_coords: tri(self.point_coords.to_host(3 * coords)?),
+            point_voxel: self.point_voxel.to_host(voxel)?,
             voxel_coords: tri(self.coords.to_host(3 * v)?),
             num_points: self.num_points.to_host(v)?,
             means: self.features.to_host(v * num_channels)?,
@@ -671,7 +685,7 @@ pub fn voxelize_dynamic(
 ) -> Result<DynamicVoxels, GpuError> {
     let mut v = GpuVoxelizer::new(ctx)?;
     v.dynamic_device(ctx, cloud, channels, grid)?;
-    v.dynamic_to_host(ctx)
+    v.dynamic_to_host(ctx, PerPoint::All)
 }
 
 /// Builds the downsampled cloud from dynamic voxels (channel names: x, y, z + the chosen ones):
