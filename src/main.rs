@@ -125,6 +125,7 @@ fn write_report(path: Option<&std::path::Path>, text: &str) -> Result<()> {
 }
 
 fn main() {
+    lidar_kernels::pipeline::keep_frame_buffers_mapped();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

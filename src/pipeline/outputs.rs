@@ -106,9 +106,15 @@ pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String])
     let fields: Vec<PointField> =
         names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, 4 * k as u32, Datatype::Float32)).collect();
     let mut m = CloudMessage::new(header, nv, p, &fields, 4 * c as u32, false);
-    // [V, P, C] row-major float32 is already the packed records, row by row.
-    for (dst, f) in m.data_mut().chunks_exact_mut(4).zip(&v.features) {
-        dst.copy_from_slice(&f.to_le_bytes());
+    // [V, P, C] row-major float32 is already the packed records, row by row (one memcpy where the
+    // host is little endian, like the message).
+    let data = m.data_mut();
+    if cfg!(target_endian = "little") {
+        data.copy_from_slice(bytemuck::cast_slice(&v.features));
+    } else {
+        for (dst, f) in data.chunks_exact_mut(4).zip(&v.features) {
+            dst.copy_from_slice(&f.to_le_bytes());
+        }
     }
     m.set_dense(v.num_points.iter().all(|&n| n as usize == p));
     m

@@ -199,6 +199,7 @@ pub fn list_params<S: Stage>(stage: &S, markdown: bool) -> String {
 /// cause chain (`<node>: error: parameter 'backend' = 'cuda': CUDA driver library not found ...`)
 /// and exit status 1.
 pub fn node_main<S: Stage>(stage: S) -> std::process::ExitCode {
+    crate::pipeline::keep_frame_buffers_mapped();
     let name = stage.name().to_string();
     match run_node(stage) {
         Ok(()) => std::process::ExitCode::SUCCESS,
