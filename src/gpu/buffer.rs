@@ -142,12 +142,17 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> DevBuf<T> {
             return Ok(Vec::new());
         }
         assert!(len <= self.len, "DevBuf::to_host: {len} elements of {}", self.len);
-        // SAFETY: T is valid as all-zero bits.
-        let mut v = vec![unsafe { std::mem::zeroed::<T>() }; len];
+        // Not zeroed first: the copy writes every element (a multi-MB memset per frame otherwise).
+        let mut v: Vec<T> = Vec::with_capacity(len);
         self.stream.context().bind_to_thread()?;
-        // SAFETY: ptr holds >= len elements; the copy completes before synchronize returns.
-        unsafe { drv::memcpy_dtoh_async(&mut v, self.ptr, self.stream.cu_stream()) }?;
-        self.stream.synchronize()?;
+        let bytes = len * std::mem::size_of::<T>();
+        // SAFETY: `v` has room for len elements and ptr holds >= len; the copy has completed when
+        // synchronize returns, so all len elements are initialized before set_len.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), self.ptr, bytes, self.stream.cu_stream()).result()?;
+            self.stream.synchronize()?;
+            v.set_len(len);
+        }
         Ok(v)
     }
 }
