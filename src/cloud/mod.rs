@@ -310,6 +310,33 @@ impl CloudMessage {
     /// A little- (or big-) endian message of `height` x `width` zeroed records of `point_step`
     /// bytes, dense until [`Self::set_dense`] says otherwise.
     pub fn new(header: &Header, height: usize, width: usize, fields: &[PointField], point_step: u32, big_endian: bool) -> Self {
+        Self::write(header, height, width, fields, point_step, big_endian, |w| {
+            w.byte_seq_zeroed(height * width * point_step as usize)
+        })
+    }
+
+    /// A message whose records are `records` (`height * width * point_step` bytes), copied once.
+    pub fn from_records(
+        header: &Header,
+        (height, width): (usize, usize),
+        fields: &[PointField],
+        point_step: u32,
+        big_endian: bool,
+        records: &[u8],
+    ) -> Self {
+        assert_eq!(records.len(), height * width * point_step as usize, "record bytes");
+        Self::write(header, height, width, fields, point_step, big_endian, |w| w.byte_seq_at(records))
+    }
+
+    fn write(
+        header: &Header,
+        height: usize,
+        width: usize,
+        fields: &[PointField],
+        point_step: u32,
+        big_endian: bool,
+        data: impl FnOnce(&mut CdrWriter) -> std::ops::Range<usize>,
+    ) -> Self {
         let mut w = CdrWriter::new();
         header.write(&mut w);
         w.u32(height as u32);
@@ -324,7 +351,7 @@ impl CloudMessage {
         w.bool(big_endian);
         w.u32(point_step);
         w.u32(point_step * width as u32);
-        let data = w.byte_seq_zeroed(height * width * point_step as usize);
+        let data = data(&mut w);
         w.bool(true);
         Self { cdr: w.finish(), data, points: height * width }
     }

@@ -105,17 +105,16 @@ pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String])
     let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
     let fields: Vec<PointField> =
         names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, 4 * k as u32, Datatype::Float32)).collect();
-    let mut m = CloudMessage::new(header, nv, p, &fields, 4 * c as u32, false);
-    // [V, P, C] row-major float32 is already the packed records, row by row (one memcpy where the
-    // host is little endian, like the message).
-    let data = m.data_mut();
-    if cfg!(target_endian = "little") {
-        data.copy_from_slice(bytemuck::cast_slice(&v.features));
+    // [V, P, C] row-major float32 is already the packed records, row by row: one copy where the
+    // host is little endian, like the message.
+    let le: Vec<u8>;
+    let records: &[u8] = if cfg!(target_endian = "little") {
+        bytemuck::cast_slice(&v.features)
     } else {
-        for (dst, f) in data.chunks_exact_mut(4).zip(&v.features) {
-            dst.copy_from_slice(&f.to_le_bytes());
-        }
-    }
+        le = v.features.iter().flat_map(|f| f.to_le_bytes()).collect();
+        &le
+    };
+    let mut m = CloudMessage::from_records(header, (nv, p), &fields, 4 * c as u32, false, records);
     m.set_dense(v.num_points.iter().all(|&n| n as usize == p));
     m
 }
