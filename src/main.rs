@@ -102,8 +102,8 @@ impl From<BackendArg> for BackendKind {
 /// The sample bag, built on first use in the user's cache folder (the CUDA cubin cache's root,
 /// else the temp folder), never in the source tree.
 fn sample_bag() -> Result<PathBuf> {
-    let root = lidar_kernels::gpu::nvrtc::default_cache_dir()
-        .unwrap_or_else(|| std::env::temp_dir().join("lidar_kernels"));
+    let root =
+        lidar_kernels::gpu::nvrtc::default_cache_dir().unwrap_or_else(|| std::env::temp_dir().join("lidar_kernels"));
     let dir = root.join("sample");
     let bag = dir.join(sample::SAMPLE_BAG_NAME);
     if bag.join("metadata.yaml").exists() {

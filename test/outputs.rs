@@ -85,7 +85,8 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
         points.swap(i, j);
     }
     let n = points.len();
-    let records: Vec<Vec<u8>> = points.iter().enumerate().map(|(i, (_, p))| record(p, i as f32, 0xdead_0000 + i as u32)).collect();
+    let records: Vec<Vec<u8>> =
+        points.iter().enumerate().map(|(i, (_, p))| record(p, i as f32, 0xdead_0000 + i as u32)).collect();
     let cdr = message(records.concat(), n);
     let cfg = config(
         "voxelize: {enabled: false}\nneighbors: {enabled: false}\nfps: {num_samples: 64, start_index: 3}\n\
@@ -95,7 +96,7 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
     let frame = pipeline.process_cdr(&cdr).unwrap();
     let msgs = frame.messages();
 
-    let samples = topic(&msgs, SAMPLES_TOPIC);
+    let samples = topic(msgs, SAMPLES_TOPIC);
     let indices = frame.results.samples.as_ref().unwrap();
     assert_eq!(samples.len(), 64);
     for (k, &i) in indices.iter().enumerate() {
@@ -111,7 +112,7 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
         g.1 += p.stamp;
         g.2 += p.t as f64;
     }
-    let down = topic(&msgs, DOWNSAMPLED_TOPIC);
+    let down = topic(msgs, DOWNSAMPLED_TOPIC);
     assert_eq!(down.len(), groups.len());
     assert_eq!(down.layout, CloudView::decode(&cdr).unwrap().layout, "the input's own layout");
     // Output voxels are in first-point order.
@@ -131,7 +132,7 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
 fn indices_above_2_pow_24_are_exact() {
     const N: usize = 17_500_000;
     let start = N - 3; // odd and > 2^24: float32 would round it
-    // Distinct points on a 0.5 m lattice (exact in f32), 32-byte records.
+                       // Distinct points on a 0.5 m lattice (exact in f32), 32-byte records.
     let mut data = vec![0u8; 32 * N];
     for (i, r) in data.chunks_exact_mut(32).enumerate() {
         let xyz = [(i % 256) as f32 * 0.5, ((i / 256) % 256) as f32 * 0.5, (i / 65536) as f32 * 0.5];
@@ -146,10 +147,10 @@ fn indices_above_2_pow_24_are_exact() {
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
     let msgs = frame.messages();
-    let samples = topic(&msgs, SAMPLES_TOPIC);
+    let samples = topic(msgs, SAMPLES_TOPIC);
     let t_field = &samples.layout.fields[5];
     assert_eq!(samples.value(t_field, 0), start as f64, "the start point's own t");
-    let nb = topic(&msgs, NEIGHBORHOODS_TOPIC);
+    let nb = topic(msgs, NEIGHBORHOODS_TOPIC);
     let field = |name: &str| nb.layout.fields.iter().find(|f| f.name == name).unwrap().clone();
     let (index, query, query_index) = (field("index"), field("query"), field("query_index"));
     assert_eq!((nb.msg.height, nb.msg.width), (2, 1));
@@ -171,7 +172,8 @@ fn hard_voxels_are_published_as_features() {
     let n = 5000;
     let pts: Vec<Vec<u8>> = (0..n)
         .map(|i| {
-            let xyz = [rng.random_range(-20.0f32..20.0), rng.random_range(-20.0f32..20.0), rng.random_range(-2.0f32..2.0)];
+            let xyz =
+                [rng.random_range(-20.0f32..20.0), rng.random_range(-20.0f32..20.0), rng.random_range(-2.0f32..2.0)];
             record(&Point { xyz, stamp: 0.0, t: 0 }, i as f32 + 1.0, 0)
         })
         .collect();
@@ -180,8 +182,8 @@ fn hard_voxels_are_published_as_features() {
     let mut pipeline = Pipeline::new(cfg.clone());
     let frame = pipeline.process_cdr(&cdr).unwrap();
     let msgs = frame.messages();
-    let voxels = topic(&msgs, "voxels");
-    let feats = topic(&msgs, "voxel_features");
+    let voxels = topic(msgs, "voxels");
+    let feats = topic(msgs, "voxel_features");
     let names: Vec<&str> = feats.layout.fields.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["x", "y", "z", "intensity"]);
     assert_eq!((feats.msg.height as usize, feats.msg.width), (voxels.len(), 8));
@@ -195,7 +197,8 @@ fn hard_voxels_are_published_as_features() {
             let xyz = feats.xyz(slot);
             let intensity = feats.value(&feats.layout.fields[3], slot);
             if s < count {
-                let cell = [((xyz[0] + 51.2) / 2.0).floor(), ((xyz[1] + 51.2) / 2.0).floor(), ((xyz[2] + 5.0) / 4.0).floor()];
+                let cell =
+                    [((xyz[0] + 51.2) / 2.0).floor(), ((xyz[1] + 51.2) / 2.0).floor(), ((xyz[2] + 5.0) / 4.0).floor()];
                 assert_eq!(cell.map(|c| c as f64), coord, "voxel {v} slot {s}");
                 assert!(intensity >= 1.0, "a real point's intensity");
             } else {

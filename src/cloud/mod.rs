@@ -309,7 +309,14 @@ pub struct CloudMessage {
 impl CloudMessage {
     /// A little- (or big-) endian message of `height` x `width` zeroed records of `point_step`
     /// bytes, dense until [`Self::set_dense`] says otherwise.
-    pub fn new(header: &Header, height: usize, width: usize, fields: &[PointField], point_step: u32, big_endian: bool) -> Self {
+    pub fn new(
+        header: &Header,
+        height: usize,
+        width: usize,
+        fields: &[PointField],
+        point_step: u32,
+        big_endian: bool,
+    ) -> Self {
         Self::write(header, height, width, fields, point_step, big_endian, |w| {
             w.byte_seq_zeroed(height * width * point_step as usize)
         })

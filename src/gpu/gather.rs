@@ -248,7 +248,7 @@ pub fn upload_and_gather_timed(
         count_ring.download(stream, counters, 1, 1, |v| v[0] as usize)?
     };
     if n == 0 {
-        if let Some(t) = timer.as_deref_mut() {
+        if let Some(t) = timer {
             t.stage("gather")?;
         }
     }

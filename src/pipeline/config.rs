@@ -224,8 +224,8 @@ impl PipelineConfig {
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Read { path: p.clone(), message: e.to_string() })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError::Read { path: p.clone(), message: e.to_string() })?;
         Self::from_yaml(&text, &p)
     }
 

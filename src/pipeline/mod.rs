@@ -147,13 +147,10 @@ impl Pipeline {
 
     fn process_timed<'a>(&mut self, view: CloudView<'a>, mut timings: Timings) -> Result<FrameOutput<'a>, FrameError> {
         self.stats.clouds_received += 1;
-        let result = self
-            .engine
-            .run(&self.config, &view, &mut timings)
-            .map(|results| {
-                let messages = timed(&mut timings, "encode", || encode(&view, &results, &self.config));
-                FrameOutput { view, results, messages, timings }
-            });
+        let result = self.engine.run(&self.config, &view, &mut timings).map(|results| {
+            let messages = timed(&mut timings, "encode", || encode(&view, &results, &self.config));
+            FrameOutput { view, results, messages, timings }
+        });
         match &result {
             Ok(out) => {
                 let r = &out.results;
@@ -252,7 +249,8 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
             out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names)));
         }
     }
-    let downsampled = r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
+    let downsampled =
+        r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
     let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
     let downsampled_at = out.len();
     // The cloud FPS ran on, and how its point indices map to records of that cloud's message.

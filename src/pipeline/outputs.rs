@@ -84,7 +84,8 @@ fn centroids(v: &Voxels, names: &[String]) -> Cloud {
 pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> CloudMessage {
     let c = centroids(voxels, names);
     let coord = |k: usize| Column::I32(voxels.coords().iter().map(|v| v[k]).collect());
-    let mut columns = vec![("x", Column::F32(c.x().into())), ("y", Column::F32(c.y().into())), ("z", Column::F32(c.z().into()))];
+    let mut columns =
+        vec![("x", Column::F32(c.x().into())), ("y", Column::F32(c.y().into())), ("z", Column::F32(c.z().into()))];
     if let Some(i) = c.intensity() {
         columns.push(("intensity", Column::F32(i.into())));
     }
@@ -169,8 +170,10 @@ pub fn neighborhoods_message(
     n: &Neighborhoods,
 ) -> CloudMessage {
     use Datatype::{Float32, Int32};
-    let names = [("x", Float32), ("y", Float32), ("z", Float32), ("index", Int32), ("query", Int32), ("query_index", Int32)];
-    let fields: Vec<PointField> = names.iter().enumerate().map(|(k, (n, dt))| PointField::new(n, 4 * k as u32, *dt)).collect();
+    let names =
+        [("x", Float32), ("y", Float32), ("z", Float32), ("index", Int32), ("query", Int32), ("query_index", Int32)];
+    let fields: Vec<PointField> =
+        names.iter().enumerate().map(|(k, (n, dt))| PointField::new(n, 4 * k as u32, *dt)).collect();
     let rows = if n.width == 0 { 0 } else { n.indices.len() / n.width };
     let mut msg = CloudMessage::new(header, rows, n.width, &fields, 24, false);
     for (slot, rec) in msg.data_mut().chunks_exact_mut(24).enumerate() {

@@ -46,7 +46,12 @@ pub const STAGES: [StageSpec; 4] = [
         topics: &[VOXELS_TOPIC, VOXEL_FEATURES_TOPIC],
     },
     StageSpec { id: StageId::Downsample, key: "downsample", input: "the cloud", topics: &[DOWNSAMPLED_TOPIC] },
-    StageSpec { id: StageId::Fps, key: "fps", input: "fps.input: the cloud or the downsampled cloud", topics: &[SAMPLES_TOPIC] },
+    StageSpec {
+        id: StageId::Fps,
+        key: "fps",
+        input: "fps.input: the cloud or the downsampled cloud",
+        topics: &[SAMPLES_TOPIC],
+    },
     StageSpec {
         id: StageId::Neighbors,
         key: "neighbors",
@@ -84,7 +89,11 @@ fn requirements(cfg: &PipelineConfig, id: StageId) -> Vec<(&'static str, StageId
             }
         },
         StageId::Neighbors => {
-            let mut r = vec![("neighbors.enabled: true", StageId::Fps, "the neighbourhoods are searched around the FPS samples")];
+            let mut r = vec![(
+                "neighbors.enabled: true",
+                StageId::Fps,
+                "the neighbourhoods are searched around the FPS samples",
+            )];
             r.extend(requirements(cfg, StageId::Fps).into_iter().map(|(_, s, w)| ("neighbors.enabled: true", s, w)));
             r
         }
@@ -157,9 +166,8 @@ pub fn run<B: Backend>(
         let per_point = view.layout.channels()[3..]
             .iter()
             .any(|f| Datatype::from_u8(f.datatype).is_some_and(Datatype::wider_than_f32));
-        let (dv, kept) = timed(t, "downsample", || {
-            backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled, per_point)
-        })?;
+        let (dv, kept) =
+            timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled, per_point))?;
         (Some(dv), kept)
     } else {
         (None, None)

@@ -24,8 +24,8 @@ use serde_yaml::Value;
 use super::stage::{Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage};
 use crate::cloud::POINTCLOUD2_TYPE;
 use crate::gpu::{BackendKind, ProfileChoice};
-use crate::pipeline::outputs::{markers_cdr, MARKER_ARRAY_TYPE};
 use crate::pipeline::config::{leaves, set_path};
+use crate::pipeline::outputs::{markers_cdr, MARKER_ARRAY_TYPE};
 use crate::pipeline::{
     ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC,
     VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,

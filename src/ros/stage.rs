@@ -311,5 +311,4 @@ mod tests {
         assert!(p.check(&ParamValue::Bool(true)).is_err());
         assert!(p.full_description().contains("[0.01, 10]"));
     }
-
 }

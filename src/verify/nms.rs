@@ -37,7 +37,7 @@ pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
             if v < 0.03 {
                 b.yaw = r.f32(-8192.0, 8192.0);
             } else if v < 0.05 {
-                b.yaw += 2.0 * std::f32::consts::PI * ((r.below(200 as u64) as usize) as f32 - 100.0);
+                b.yaw += 2.0 * std::f32::consts::PI * ((r.below(200_u64) as usize) as f32 - 100.0);
             } else if v < 0.06 {
                 b.length = 0.0;
             }
@@ -55,7 +55,7 @@ pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
             }
         })
         .collect();
-    let classes: Vec<i32> = (0..n).map(|_| (r.below(3 as u64) as usize) as i32).collect();
+    let classes: Vec<i32> = (0..n).map(|_| (r.below(3_u64) as usize) as i32).collect();
     (boxes, scores, classes)
 }
 

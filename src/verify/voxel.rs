@@ -68,7 +68,7 @@ pub(crate) fn check_clouds(seed: u64, big: bool) -> Vec<(String, Cloud)> {
     // Borders: exact voxel and range borders of both W1 grids (multiples of 0.16, 0.1, 0.2, and the
     // range ends), every combination of a few.
     let xs: Vec<f32> =
-        (0..=640).map(|k| -51.2 + 0.16 * k as f32).chain([-51.2, 51.2, 51.199997, -51.200001, 0.0, -0.0]).collect();
+        (0..=640).map(|k| -51.2 + 0.16 * k as f32).chain([-51.2, 51.2, 51.199997, -51.2, 0.0, -0.0]).collect();
     let zs = [-5.0f32, 5.0, 3.0, 2.999_999_8, -5.000_000_5, 0.0, 0.2, 0.4, 0.6000001, 4.99];
     let (mut bx, mut by, mut bz) = (Vec::new(), Vec::new(), Vec::new());
     for (k, &x) in xs.iter().enumerate() {

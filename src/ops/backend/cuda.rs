@@ -76,7 +76,6 @@ impl CudaBackend {
             ctx,
         })
     }
-
 }
 
 /// Device x, y, z of the first `m` samples of the last FPS (in `fps`), as the neighbour queries.

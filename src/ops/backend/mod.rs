@@ -124,4 +124,3 @@ pub trait Backend {
         params: &NmsParams,
     ) -> Result<NmsOutput, OpError>;
 }
-

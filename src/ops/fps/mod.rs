@@ -30,7 +30,11 @@ impl FpsParams {
             return Err(ParamError::new("points", n, "at most 2147483647 (2^31 - 1) points, indices are i32"));
         }
         if n > 0 && self.start_index >= n {
-            return Err(ParamError::new("start_index", self.start_index, &format!("must be less than the number of points ({n})")));
+            return Err(ParamError::new(
+                "start_index",
+                self.start_index,
+                &format!("must be less than the number of points ({n})"),
+            ));
         }
         Ok(())
     }

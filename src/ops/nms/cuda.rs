@@ -20,7 +20,7 @@
 //! A row tile whose entries exceed the list capacity is detected (an overflow counter); the run
 //! is then repeated once with a large enough capacity, so the result never depends on it.
 
-use super::{validate_input, Box3d, NmsError, NmsKind, NmsOutput, NmsParams};
+use super::{Box3d, NmsKind, NmsOutput, NmsParams};
 use crate::gpu::{GpuContext, GpuError, GrowBuffer, StageTimer};
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 
@@ -35,21 +35,6 @@ const SWEEP_EPT: usize = 2048;
 const INITIAL_TILE_CAPACITY: usize = 4096;
 /// Row tiles are limited so that the triangular mask grid fits a 1D grid (< 2^31 blocks).
 const MAX_TILES: usize = 65_000;
-
-/// Why the GPU NMS failed: the input (same checks and errors as the CPU) or the device.
-#[derive(Debug, thiserror::Error)]
-pub enum NmsGpuError {
-    #[error(transparent)]
-    Input(#[from] NmsError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-}
-
-impl From<cudarc::driver::DriverError> for NmsGpuError {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        Self::Gpu(GpuError::Driver(e))
-    }
-}
 
 /// Device buffers of the NMS (grow-only; reuse one `DeviceNms` frame after frame).
 pub struct DeviceNms {
@@ -277,7 +262,7 @@ impl DeviceNms {
             // SAFETY: matches nms_sweep; out >= 4 + pre; shared memory as laid out in the kernel.
             unsafe { l.launch(cfg) }?;
         }
-        if let Some(t) = timer.as_deref_mut() {
+        if let Some(t) = timer {
             t.stage("sweep")?;
         }
         Ok(Launched { pre, tile_capacity: capt })
@@ -326,20 +311,4 @@ impl DeviceNms {
             }
         }
     }
-}
-
-/// GPU NMS with the CPU reference's parameters, checks and semantics; the keep list equals
-/// [`crate::ops::nms::nms`]'s bit for bit.
-pub fn nms(
-    ctx: &GpuContext,
-    boxes: &[Box3d],
-    scores: &[f32],
-    classes: &[i32],
-    params: &NmsParams,
-) -> Result<NmsOutput, NmsGpuError> {
-    validate_input(boxes, scores, classes, params)?;
-    let mut d = DeviceNms::new(ctx)?;
-    let classes = if params.class_aware { classes } else { &[] };
-    d.upload(ctx, boxes, scores, classes)?;
-    Ok(d.run(ctx, params)?)
 }

@@ -476,7 +476,7 @@ fn rot_iou(a: &RotPrep, b: &RotPrep) -> f32 {
     let mut acc = 0.0f32;
     for k in 0..n {
         let k1 = if k + 1 == n { 0 } else { k + 1 };
-        acc = acc + (p.x[k] * p.y[k1] - p.x[k1] * p.y[k]);
+        acc += p.x[k] * p.y[k1] - p.x[k1] * p.y[k];
     }
     let inter = (acc.max(0.0) * 0.5).min(a.area.min(b.area));
     let union = (a.area + b.area) - inter;
