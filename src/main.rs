@@ -40,6 +40,10 @@ enum Command {
         /// No per-frame lines, only the summary.
         #[arg(long)]
         quiet: bool,
+        /// Exit with an error when any message was skipped (malformed, wrong type, failed frame,
+        /// damaged bag), not only when no frame was processed: for CI use of replay.
+        #[arg(long)]
+        strict: bool,
     },
     /// Write the bundled sample bag (real Ouster scans, ouster-ros 48-byte points) into DIR.
     Sample {
@@ -138,7 +142,7 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Replay { bag, topic, config, backend, profile, out, quiet } => {
+        Command::Replay { bag, topic, config, backend, profile, out, quiet, strict } => {
             let config = match config {
                 Some(path) => PipelineConfig::load(&path)?,
                 None => PipelineConfig::default(),
@@ -164,8 +168,14 @@ fn run(cli: Cli) -> Result<()> {
                 println!("skipped {} messages (see the lines above)", summary.skipped);
             }
             println!("{}", summary.stats);
-            if let Some(out) = summary.out {
+            if let Some(out) = &summary.out {
                 println!("outputs written to {}", out.display());
+            }
+            if summary.frames == 0 {
+                anyhow::bail!("no frame of {} was processed ({} messages skipped)", summary.topic, summary.skipped);
+            }
+            if strict && summary.skipped > 0 {
+                anyhow::bail!("--strict: {} messages were skipped (see the lines above)", summary.skipped);
             }
             Ok(())
         }

@@ -323,3 +323,21 @@ fn ouster_scans_in_driver_layout() {
         assert!(g.cloud.channel("intensity").unwrap().iter().all(|v| *v == 0.0));
     }
 }
+
+/// Two fields of one name would be read as one channel (a second `x` at `y`'s offset gave outputs
+/// with y = x): refused, naming the field. PCL's "_" padding placeholders may repeat and are not
+/// channels.
+#[test]
+fn duplicate_field_names_are_refused() {
+    let mut twice = xyz_msg(xyz_fields(), 16, 4);
+    twice.fields.push(PointField::new("x", 12, Datatype::Float32));
+    let e = decode_err(&twice);
+    assert_eq!(e, CloudError::DuplicateField { name: "x".into() });
+    assert!(e.to_string().contains("two fields named 'x'"), "{e}");
+
+    let mut padded = xyz_msg(xyz_fields(), 20, 4);
+    padded.fields.push(PointField::new("_", 12, Datatype::Uint8));
+    padded.fields.push(PointField::new("_", 16, Datatype::Float32));
+    let (_, g) = Cloud::from_cdr(&padded.to_cdr()).unwrap();
+    assert_eq!(g.cloud.names(), ["x", "y", "z"]);
+}

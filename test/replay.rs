@@ -151,3 +151,44 @@ fn boxes_topic_goes_through_nms() {
     assert_eq!(ks, idx.iter().map(|&i| scores[i]).collect::<Vec<_>>());
     assert_eq!(kl, idx.iter().map(|&i| labels[i]).collect::<Vec<_>>());
 }
+
+/// `lidar-kernels replay` exits non-zero when no frame was processed, and with `--strict` when any
+/// message was skipped; a bag with one good and one malformed cloud passes without `--strict`.
+#[test]
+fn replay_exit_status_counts_skipped_frames() {
+    let dir = scratch("replay_exit");
+    let scan = common::load_ouster(sample::SAMPLE_SCANS[0]);
+    let good = PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::packed_for(&scan)).to_cdr();
+    let mut no_x = PointCloud2::from_cloud(Header::default(), &scan, &PointLayout::packed_for(&scan));
+    no_x.fields.remove(0);
+    let write = |name: &str, msgs: &[&[u8]]| {
+        let path = dir.join(name);
+        let mut w = McapBagWriter::create(&path).unwrap();
+        let t = w.add_topic("/points", POINTCLOUD2_TYPE).unwrap();
+        for (i, m) in msgs.iter().enumerate() {
+            w.write(t, i as u64 + 1, m).unwrap();
+        }
+        w.finish().unwrap();
+        path
+    };
+    let bad = no_x.to_cdr();
+    let mixed = write("mixed.mcap", &[&good, &bad]);
+    let all_bad = write("all_bad.mcap", &[&bad, &bad]);
+    let run = |bag: &PathBuf, strict: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lidar-kernels"));
+        cmd.args(["replay", "--quiet", "--backend", "cpu", "--config"]).arg(dir.join("fast.yaml")).arg(bag);
+        if strict {
+            cmd.arg("--strict");
+        }
+        let out = cmd.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    std::fs::write(dir.join("fast.yaml"), "fps: {num_samples: 16}\n").unwrap();
+    assert_eq!(run(&mixed, false).0, Some(0));
+    let (code, err) = run(&mixed, true);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--strict: 1 messages were skipped"), "{err}");
+    let (code, err) = run(&all_bad, false);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no frame of /points was processed (2 messages skipped)"), "{err}");
+}

@@ -44,6 +44,13 @@ impl PointLayout {
                 return Err(CloudError::MissingField(axis));
             }
         }
+        // Two fields of one name would be read as one channel, silently dropping the other
+        // (padding placeholders "" and "_", as PCL writes them, are never read).
+        for (i, f) in fields.iter().enumerate() {
+            if !is_padding_name(&f.name) && fields[..i].iter().any(|g| g.name == f.name) {
+                return Err(CloudError::DuplicateField { name: f.name.clone() });
+            }
+        }
         Ok(Self { fields, point_step, big_endian })
     }
 
@@ -81,12 +88,13 @@ impl PointLayout {
         }
     }
 
-    /// Fields that become cloud channels: single-element fields, first of each name, x/y/z first.
+    /// Fields that become cloud channels: single-element fields (names are unique, padding
+    /// placeholders excluded), x/y/z first.
     pub fn channels(&self) -> Vec<&PointField> {
         let mut out: Vec<&PointField> =
             ["x", "y", "z"].iter().map(|a| self.fields.iter().find(|f| f.name == *a).expect("validated")).collect();
         for f in &self.fields {
-            if f.count == 1 && !out.iter().any(|o| o.name == f.name) {
+            if f.count == 1 && !is_padding_name(&f.name) && !out.iter().any(|o| o.name == f.name) {
                 out.push(f);
             }
         }
@@ -109,6 +117,11 @@ impl PointLayout {
         }
         data
     }
+}
+
+/// Field names that only mark padding bytes.
+fn is_padding_name(name: &str) -> bool {
+    name.is_empty() || name == "_"
 }
 
 macro_rules! put {

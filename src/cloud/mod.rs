@@ -25,6 +25,8 @@ pub enum CloudError {
     Overflow { what: &'static str },
     #[error("PointCloud2 has no field '{0}'")]
     MissingField(&'static str),
+    #[error("PointCloud2 has two fields named '{name}'")]
+    DuplicateField { name: String },
     #[error("field '{name}' has unknown datatype {datatype} (expected 1..=8, INT8..FLOAT64)")]
     UnknownDatatype { name: String, datatype: u8 },
     #[error("field '{name}' (offset {offset}, {size} bytes) ends past point_step {point_step}")]

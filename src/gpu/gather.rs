@@ -6,7 +6,7 @@
 use super::context::{GpuContext, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
 use super::profile::KernelProfile;
 use super::GpuError;
-use crate::cloud::{Cloud, CloudView, PointField, PointLayout};
+use crate::cloud::{Cloud, CloudView};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
@@ -122,19 +122,6 @@ impl DeviceCloud {
     }
 }
 
-/// The fields that become channels, in channel order: x, y, z, then every other single-element
-/// field, first of each name (the rule of `cloud::gather`).
-pub fn channel_fields(layout: &PointLayout) -> Vec<&PointField> {
-    let mut out: Vec<&PointField> =
-        ["x", "y", "z"].iter().filter_map(|a| layout.fields.iter().find(|f| f.name == *a)).collect();
-    for f in &layout.fields {
-        if f.count == 1 && !out.iter().any(|o| o.name == f.name) {
-            out.push(f);
-        }
-    }
-    out
-}
-
 /// Uploads `msg` and gathers it on the device (see the module docs).
 pub fn upload_and_gather(ctx: &GpuContext, view: &CloudView<'_>) -> Result<DeviceCloud, GpuError> {
     upload_and_gather_timed(ctx, view, None)
@@ -148,7 +135,7 @@ pub fn upload_and_gather_timed(
     mut timer: Option<&mut StageTimer>,
 ) -> Result<DeviceCloud, GpuError> {
     let (msg, layout) = (&view.msg, &view.layout);
-    let fields = channel_fields(layout);
+    let fields = layout.channels();
     if fields.len() > MAX_CHANNELS {
         return Err(GpuError::TooLarge {
             what: "PointCloud2 single-element fields (gather kernel channels)",

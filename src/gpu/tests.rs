@@ -201,20 +201,6 @@ fn gather_params_match_the_cuda_struct() {
     assert!(src.contains(&format!("#define GATHER_MAX_CHANNELS {}", gather::MAX_CHANNELS)));
 }
 
-#[test]
-fn channel_fields_follow_cpu_rule() {
-    use crate::cloud::{Datatype, PointField, PointLayout};
-    let f = |n: &str, o: u32| PointField::new(n, o, Datatype::Float32);
-    let mut multi = f("normal", 16);
-    multi.count = 3;
-    let layout =
-        PointLayout::new(vec![f("i", 0), f("z", 4), f("y", 8), f("x", 12), multi, f("i", 28), f("t", 32)], 36, false)
-            .unwrap();
-    let names: Vec<_> = gather::channel_fields(&layout).iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(names, ["x", "y", "z", "i", "t"]);
-    assert_eq!(gather::channel_fields(&layout)[3].offset, 0, "first of each name");
-}
-
 fn nvrtc_or_skip(test: &str) -> bool {
     if nvrtc_present() {
         true

@@ -255,6 +255,7 @@ pub fn error_kind(e: &CloudError) -> &'static str {
     match e {
         CloudError::Truncated { .. } | CloudError::BadEncapsulation(_) | CloudError::BadString { .. } => "cdr",
         CloudError::MissingField(_) => "missing_field",
+        CloudError::DuplicateField { .. } => "duplicate_field",
         CloudError::FieldPastPointStep { .. } => "field_past_point_step",
         CloudError::UnknownDatatype { .. } | CloudError::ZeroCount { .. } => "bad_field",
         CloudError::DataTooShort { .. } => "data_too_short",
