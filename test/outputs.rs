@@ -207,3 +207,15 @@ fn hard_voxels_are_published_as_features() {
         }
     }
 }
+
+/// An empty cloud goes through every stage and gives empty messages.
+#[test]
+fn empty_cloud_gives_empty_outputs() {
+    let cdr = message(Vec::new(), 0);
+    let mut pipeline = Pipeline::new(PipelineConfig::default());
+    let frame = pipeline.process_cdr(&cdr).unwrap();
+    assert_eq!(frame.messages().len(), 5);
+    for (topic, m) in frame.messages() {
+        assert_eq!((m.num_points(), m.view().len()), (0, 0), "{topic}");
+    }
+}

@@ -224,8 +224,10 @@ impl<'a> PointCloud2<'a> {
 pub struct CloudView<'a> {
     pub msg: PointCloud2<'a>,
     pub layout: PointLayout,
-    /// The x, y, z fields (the first of each name).
-    xyz: [PointField; 3],
+    /// Datatype and offset of the x, y, z fields.
+    xyz: [(Datatype, usize); 3],
+    /// Rows follow each other without padding: point `i` starts at `i * point_step`.
+    contiguous: bool,
 }
 
 impl<'a> CloudView<'a> {
@@ -237,8 +239,9 @@ impl<'a> CloudView<'a> {
     pub fn new(msg: PointCloud2<'a>) -> Result<Self, CloudError> {
         let layout = validate(&msg)?;
         let ch = layout.channels();
-        let xyz = [ch[0].clone(), ch[1].clone(), ch[2].clone()];
-        Ok(Self { msg, layout, xyz })
+        let xyz = [0, 1, 2].map(|a| (Datatype::from_u8(ch[a].datatype).expect("validated"), ch[a].offset as usize));
+        let contiguous = msg.height <= 1 || msg.row_step as u64 == msg.width as u64 * msg.point_step as u64;
+        Ok(Self { msg, layout, xyz, contiguous })
     }
 
     /// Points in the message, finite or not.
@@ -256,20 +259,31 @@ impl<'a> CloudView<'a> {
 
     /// The bytes of point `i` (row-major over an organized cloud), `point_step` long.
     pub fn record(&self, i: usize) -> &[u8] {
-        let (w, step) = (self.msg.width as usize, self.layout.point_step as usize);
-        let start = (i / w) * self.msg.row_step as usize + (i % w) * step;
+        let step = self.layout.point_step as usize;
+        let start = if self.contiguous {
+            i * step
+        } else {
+            let w = self.msg.width as usize;
+            (i / w) * self.msg.row_step as usize + (i % w) * step
+        };
         &self.msg.data[start..start + step]
     }
 
     /// Field `f` of point `i`, widened to f64 (exact for every datatype).
     pub fn value(&self, f: &PointField, i: usize) -> f64 {
         let dt = Datatype::from_u8(f.datatype).expect("validated");
-        read_f64(self.record(i), dt, f.offset as usize, self.layout.big_endian)
+        self.value_at(dt, f.offset as usize, i)
+    }
+
+    /// The value of type `dt` at byte `offset` of point `i` (a field's datatype and offset).
+    pub fn value_at(&self, dt: Datatype, offset: usize, i: usize) -> f64 {
+        read_f64(self.record(i), dt, offset, self.layout.big_endian)
     }
 
     /// x, y, z of point `i` as float32, the values [`gather`] produces.
     pub fn xyz(&self, i: usize) -> [f32; 3] {
-        self.xyz.each_ref().map(|f| self.value(f, i) as f32)
+        let r = self.record(i);
+        self.xyz.map(|(dt, off)| read_f64(r, dt, off, self.layout.big_endian) as f32)
     }
 
     /// For every gathered point, the index of its record in the message: the identity when no
@@ -406,10 +420,10 @@ pub fn select_records(header: &Header, view: &CloudView<'_>, picks: &[usize]) ->
     m
 }
 
-/// Writes `v` into field `f` of the record `at` (integers rounded to nearest and saturated).
-pub fn write_field(at: &mut [u8], f: &PointField, v: f64, big_endian: bool) {
-    let dt = Datatype::from_u8(f.datatype).expect("validated");
-    write_value(&mut at[f.offset as usize..], dt, v, big_endian);
+/// Writes `v` as type `dt` at byte `offset` of the record `at` (integers rounded to nearest and
+/// saturated).
+pub fn write_field(at: &mut [u8], dt: Datatype, offset: usize, v: f64, big_endian: bool) {
+    write_value(&mut at[offset..], dt, v, big_endian);
 }
 
 impl Datatype {

@@ -136,23 +136,24 @@ pub fn downsampled_message(
     let layout = &view.layout;
     let (step, c, nv) = (layout.point_step as usize, dv.num_channels, dv.voxel_count());
     let mut m = CloudMessage::new(header, 1, nv, &layout.fields, step as u32, layout.big_endian);
-    let data = m.data_mut();
+    let (data, be) = (m.data_mut(), layout.big_endian);
     for (k, f) in layout.channels().into_iter().enumerate().take(c) {
         debug_assert_eq!(f.name, channel_names[k]);
-        let dt = Datatype::from_u8(f.datatype).expect("validated");
-        let values: Vec<f64> = if k >= 3 && dt.wider_than_f32() {
+        let (dt, off) = (Datatype::from_u8(f.datatype).expect("validated"), f.offset as usize);
+        if k >= 3 && dt.wider_than_f32() {
             let mut sums = vec![0f64; nv];
             for (p, &vox) in dv.point_voxel.iter().enumerate() {
                 if vox >= 0 {
-                    sums[vox as usize] += view.value(f, source.get(p));
+                    sums[vox as usize] += view.value_at(dt, off, source.get(p));
                 }
             }
-            sums.iter().zip(&dv.num_points).map(|(s, &n)| s / n as f64).collect()
+            for ((rec, sum), &n) in data.chunks_exact_mut(step).zip(sums).zip(&dv.num_points) {
+                write_field(rec, dt, off, sum / n as f64, be);
+            }
         } else {
-            (0..nv).map(|v| dv.means[v * c + k] as f64).collect()
-        };
-        for (rec, v) in data.chunks_exact_mut(step).zip(values) {
-            write_field(rec, f, v, layout.big_endian);
+            for (v, rec) in data.chunks_exact_mut(step).enumerate() {
+                write_field(rec, dt, off, dv.means[v * c + k] as f64, be);
+            }
         }
     }
     m
