@@ -33,7 +33,7 @@ pub enum GpuError {
     #[error("no CUDA device: {0}")]
     NoDevice(String),
     #[error("CUDA driver error: {0}")]
-    Driver(#[from] cudarc::driver::DriverError),
+    Driver(cudarc::driver::DriverError),
     #[error("NVRTC failed to compile {module} (options: {options}):\n{log}")]
     Compile { module: String, options: String, log: String },
     #[error("NVRTC: {0}")]
@@ -43,7 +43,7 @@ pub enum GpuError {
     #[error("kernel module '{0}' is not loaded (see src/gpu/kernels.rs)")]
     UnknownModule(String),
     #[error("invalid PointCloud2: {0}")]
-    Cloud(#[from] crate::cloud::CloudError),
+    Cloud(crate::cloud::CloudError),
     /// An operator parameter the launcher checks itself: the same [`ParamError`] the CPU
     /// reference gives for the same value.
     #[error(transparent)]
@@ -169,3 +169,17 @@ fn falls_back(e: &GpuError) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+// By hand, not `#[from]`: the messages already show the cause, so it is not also their `source`
+// (an `anyhow` chain would print it twice).
+impl From<cudarc::driver::DriverError> for GpuError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        GpuError::Driver(e)
+    }
+}
+
+impl From<crate::cloud::CloudError> for GpuError {
+    fn from(e: crate::cloud::CloudError) -> Self {
+        GpuError::Cloud(e)
+    }
+}

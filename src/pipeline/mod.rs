@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     #[error("malformed PointCloud2: {0}")]
-    Malformed(#[from] CloudError),
+    Malformed(CloudError),
     #[error("cloud has no channel '{0}' listed in `features`")]
     MissingFeature(String),
     #[error("box records lack field '{0}'")]
@@ -283,5 +283,13 @@ pub fn keep_frame_buffers_mapped() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}
+
+// By hand, not `#[from]`: the message already shows the cause, so it is not also its `source`
+// (an `anyhow` chain would print it twice).
+impl From<CloudError> for FrameError {
+    fn from(e: CloudError) -> Self {
+        FrameError::Malformed(e)
     }
 }

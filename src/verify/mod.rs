@@ -34,16 +34,16 @@ pub enum VerifyError {
     Gpu(#[from] GpuError),
     /// The CPU reference refused a check's parameters.
     #[error("CPU reference: {0}")]
-    Param(#[from] ParamError),
+    Param(ParamError),
     /// The CPU reference refused a check's boxes or NMS parameters.
     #[error("CPU reference: {0}")]
-    Nms(#[from] NmsError),
+    Nms(NmsError),
     /// A check built an invalid PointCloud2.
     #[error("invalid PointCloud2: {0}")]
-    Cloud(#[from] CloudError),
+    Cloud(CloudError),
     /// The pipeline bench's frame failed.
     #[error("pipeline: {0}")]
-    Frame(#[from] FrameError),
+    Frame(FrameError),
     /// A scan, workload or detections file (or folder) that cannot be read or has the wrong shape.
     #[error("{}: {message}", path.display())]
     Workload { path: PathBuf, message: String },
@@ -132,3 +132,16 @@ pub(crate) fn time_ms(
     }
     Ok(median(v))
 }
+
+// By hand, not `#[from]`: the messages already show the cause, so it is not also their `source`
+// (an `anyhow` chain would print it twice).
+macro_rules! verify_error_from {
+    ($($ty:ty => $variant:ident),*) => {$(
+        impl From<$ty> for VerifyError {
+            fn from(e: $ty) -> Self {
+                VerifyError::$variant(e)
+            }
+        }
+    )*};
+}
+verify_error_from!(ParamError => Param, NmsError => Nms, CloudError => Cloud, FrameError => Frame);

@@ -47,7 +47,7 @@ pub fn compare_with_cpu(ctx: &GpuContext, msg: &PointCloud2<'_>) -> Result<Resul
 }
 
 /// An organized, big-endian, padded message with every datatype, unaligned fields, a multi-element
-/// field, a duplicate name, float64 values that need rounding or overflow float32, and NaN payloads.
+/// field, a `_` padding field, float64 values that need rounding or overflow float32, and NaN payloads.
 pub fn exotic_message(scan: &Cloud, height: u32) -> PointCloud2<'static> {
     use Datatype::*;
     let f = |n: &str, o: u32, d: Datatype| PointField::new(n, o, d);
@@ -63,7 +63,7 @@ pub fn exotic_message(scan: &Cloud, height: u32) -> PointCloud2<'static> {
         f("i16v", 32, Int16),
         PointField { name: "normal".into(), offset: 34, datatype: Float32 as u8, count: 3 },
         f("u32v", 46, Uint32),
-        f("x", 50, Float32), // duplicate name: the first one wins
+        f("_", 50, Float32), // a padding placeholder (PCL): never a channel
         f("u16v", 54, Uint16),
         f("f32nan", 56, Float32),
     ];
