@@ -219,3 +219,36 @@ fn empty_cloud_gives_empty_outputs() {
         assert_eq!((m.num_points(), m.view().len()), (0, 0), "{topic}");
     }
 }
+
+/// `voxelize.features_dtype: float16` publishes the same [V, P, C] values as IEEE binary16 bits
+/// (round to nearest even) in UINT16 fields.
+#[test]
+fn voxel_features_as_float16() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let n = 3000;
+    let pts: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            let xyz = [rng.random_range(-30.0f32..30.0), rng.random_range(-30.0f32..30.0), rng.random_range(-2.0f32..2.0)];
+            record(&Point { xyz, stamp: 0.0, t: 0 }, rng.random_range(0.0f32..70000.0), 0)
+        })
+        .collect();
+    let cdr = message(pts.concat(), n);
+    let run = |yaml: &str| {
+        let mut pipeline = Pipeline::new(config(yaml));
+        let frame = pipeline.process_cdr(&cdr).unwrap();
+        frame.messages().iter().find(|(t, _)| *t == "voxel_features").unwrap().1.clone()
+    };
+    let base = "fps: {enabled: false}\nneighbors: {enabled: false}\ndownsample: {enabled: false}\n";
+    let f32_msg = run(base);
+    let f16_msg = run(&format!("{base}voxelize: {{features_dtype: float16}}"));
+    let (a, b) = (f32_msg.view(), f16_msg.view());
+    assert_eq!((b.msg.height, b.msg.width, b.layout.point_step), (a.msg.height, a.msg.width, 8));
+    assert!(b.layout.fields.iter().all(|f| f.datatype == Datatype::Uint16 as u8));
+    assert!(a.len() > 0);
+    for i in 0..a.len() {
+        for (fa, fb) in a.layout.fields.iter().zip(&b.layout.fields) {
+            let expected = half::f16::from_f32(a.value(fa, i) as f32).to_bits();
+            assert_eq!(b.value(fb, i), expected as f64, "slot {i} field {}", fa.name);
+        }
+    }
+}

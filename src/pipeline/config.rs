@@ -48,8 +48,22 @@ pub enum VoxelMode {
 pub struct VoxelizeStage {
     pub enabled: bool,
     pub mode: VoxelMode,
+    /// The datatype of the published `voxel_features` (hard mode).
+    pub features_dtype: FeaturesDtype,
     #[serde(flatten)]
     pub params: HardVoxelParams,
+}
+
+/// How `voxel_features` carries the [V, P, C] values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FeaturesDtype {
+    /// FLOAT32 fields.
+    #[default]
+    Float32,
+    /// IEEE binary16 for fp16 networks, rounded to nearest even (`ops::voxel::features_f16`), in
+    /// UINT16 fields (PointCloud2 has no half-float datatype).
+    Float16,
 }
 
 impl Default for VoxelizeStage {
@@ -60,6 +74,7 @@ impl Default for VoxelizeStage {
         Self {
             enabled: true,
             mode: VoxelMode::Hard,
+            features_dtype: FeaturesDtype::Float32,
             params: HardVoxelParams { grid, max_points_per_voxel: 32, max_voxels: 60000 },
         }
     }

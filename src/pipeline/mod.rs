@@ -7,7 +7,7 @@ pub mod outputs;
 pub mod stages;
 pub mod stats;
 
-pub use config::{ConfigError, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
+pub use config::{ConfigError, FeaturesDtype, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 pub use engine::Engine;
 pub use stages::{
     StageResults, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
@@ -246,7 +246,8 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
         names.extend(feature_names.iter().cloned());
         out.push((VOXELS_TOPIC, outputs::voxels_message(h, v, &names)));
         if let Voxels::Hard(hard) = v {
-            out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names)));
+            let dtype = cfg.voxelize.features_dtype;
+            out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names, dtype)));
         }
     }
     let downsampled =

@@ -5,7 +5,8 @@
 use super::{Neighborhoods, Voxels};
 use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::nms::Box3d;
-use crate::ops::voxel::{DynamicVoxels, HardVoxels};
+use super::config::FeaturesDtype;
+use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
 use std::borrow::Cow;
 
 /// Fields of a box record, the format boxes travel in between programs.
@@ -99,23 +100,32 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Clo
 }
 
 /// `voxel_features`: the hard voxels' `[V, P, C]` features as an organized cloud, height V (one row
-/// per voxel, in the order of `voxels`), width P (`max_points_per_voxel`), one FLOAT32 field per
-/// channel (x, y, z, then `features`); slots past a voxel's `num_points` are zero, as a
+/// per voxel, in the order of `voxels`), width P (`max_points_per_voxel`), one field per channel
+/// (x, y, z, then `features`): FLOAT32, or with `Float16` the binary16 bits in UINT16 fields; slots past a voxel's `num_points` are zero, as a
 /// PointPillars network expects them, and make the message not dense.
-pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String]) -> CloudMessage {
+pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String], dtype: FeaturesDtype) -> CloudMessage {
     let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
-    let fields: Vec<PointField> =
-        names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, 4 * k as u32, Datatype::Float32)).collect();
-    // [V, P, C] row-major float32 is already the packed records, row by row: one copy where the
-    // host is little endian, like the message.
-    let le: Vec<u8>;
-    let records: &[u8] = if cfg!(target_endian = "little") {
-        bytemuck::cast_slice(&v.features)
-    } else {
-        le = v.features.iter().flat_map(|f| f.to_le_bytes()).collect();
-        &le
+    let (field_type, size) = match dtype {
+        FeaturesDtype::Float32 => (Datatype::Float32, 4),
+        FeaturesDtype::Float16 => (Datatype::Uint16, 2),
     };
-    let mut m = CloudMessage::from_records(header, (nv, p), &fields, 4 * c as u32, false, records);
+    let fields: Vec<PointField> =
+        names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, size * k as u32, field_type)).collect();
+    // [V, P, C] row-major is already the packed records, row by row: one copy of the float32
+    // values where the host is little endian, like the message.
+    let converted: Vec<u8>;
+    let records: &[u8] = match dtype {
+        FeaturesDtype::Float32 if cfg!(target_endian = "little") => bytemuck::cast_slice(&v.features),
+        FeaturesDtype::Float32 => {
+            converted = v.features.iter().flat_map(|f| f.to_le_bytes()).collect();
+            &converted
+        }
+        FeaturesDtype::Float16 => {
+            converted = features_f16(&v.features).iter().flat_map(|h| h.to_bits().to_le_bytes()).collect();
+            &converted
+        }
+    };
+    let mut m = CloudMessage::from_records(header, (nv, p), &fields, size * c as u32, false, records);
     m.set_dense(v.num_points.iter().all(|&n| n as usize == p));
     m
 }

@@ -128,6 +128,7 @@ const KEYS: &[KeyInfo] = &[
     KeyInfo { key: "features", description: "Channels after x, y, z carried into the voxel features ('intensity' also matches the fields reflectivity and i); [] for clouds without intensity.", range: None, choices: &[] },
     KeyInfo { key: "voxelize.enabled", description: "Run the voxelize stage (output ~/voxels).", range: None, choices: &[] },
     KeyInfo { key: "voxelize.mode", description: "hard: fixed-capacity [V, P, C] voxels (PointPillars/mmcv); dynamic: per-point voxel coordinates and per-voxel means.", range: None, choices: &["hard", "dynamic"] },
+    KeyInfo { key: "voxelize.features_dtype", description: "Datatype of ~/voxel_features: float32, or float16 (IEEE binary16 bits in UINT16 fields, for fp16 networks).", range: None, choices: &["float32", "float16"] },
     KeyInfo { key: "voxelize.voxel_size", description: "Voxel edge [x, y, z] in metres, each > 0.", range: Some((1e-6, 1e4)), choices: &[] },
     KeyInfo { key: "voxelize.point_cloud_range", description: "[xmin, ymin, zmin, xmax, ymax, zmax] in metres, max > min; points outside are dropped and counted.", range: Some((-1e6, 1e6)), choices: &[] },
     KeyInfo { key: "voxelize.max_points_per_voxel", description: "P: later points of a voxel are dropped and counted (hard mode).", range: Some((1.0, 65536.0)), choices: &[] },
