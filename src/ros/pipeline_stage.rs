@@ -71,31 +71,34 @@ impl NodeKind {
         }
     }
 
-    /// `*.enabled` switches fixed by the node kind (not parameters of that node).
-    fn forced(self) -> &'static [(&'static str, bool)] {
+    /// Keys fixed by the node kind (not parameters of that node), as YAML values.
+    fn forced(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            NodeKind::Pipeline => &[("nms.enabled", false)],
-            NodeKind::Voxelizer => &[("fps.enabled", false), ("neighbors.enabled", false), ("nms.enabled", false)],
+            NodeKind::Pipeline => &[("nms.enabled", "false")],
+            NodeKind::Voxelizer => &[("fps.enabled", "false"), ("neighbors.enabled", "false"), ("nms.enabled", "false")],
+            // No downsample stage in these nodes, so FPS runs on the cloud.
             NodeKind::Sampler => &[
-                ("voxelize.enabled", false),
-                ("downsample.enabled", false),
-                ("fps.enabled", true),
-                ("neighbors.enabled", false),
-                ("nms.enabled", false),
+                ("voxelize.enabled", "false"),
+                ("downsample.enabled", "false"),
+                ("fps.enabled", "true"),
+                ("fps.input", "cloud"),
+                ("neighbors.enabled", "false"),
+                ("nms.enabled", "false"),
             ],
             NodeKind::Neighbors => &[
-                ("voxelize.enabled", false),
-                ("downsample.enabled", false),
-                ("fps.enabled", true),
-                ("neighbors.enabled", true),
-                ("nms.enabled", false),
+                ("voxelize.enabled", "false"),
+                ("downsample.enabled", "false"),
+                ("fps.enabled", "true"),
+                ("fps.input", "cloud"),
+                ("neighbors.enabled", "true"),
+                ("nms.enabled", "false"),
             ],
             NodeKind::Nms => &[
-                ("voxelize.enabled", false),
-                ("downsample.enabled", false),
-                ("fps.enabled", false),
-                ("neighbors.enabled", false),
-                ("nms.enabled", true),
+                ("voxelize.enabled", "false"),
+                ("downsample.enabled", "false"),
+                ("fps.enabled", "false"),
+                ("neighbors.enabled", "false"),
+                ("nms.enabled", "true"),
             ],
         }
     }
@@ -324,8 +327,8 @@ impl PipelineStage {
             }
             set_path(&mut tree, name, to_yaml(v, k.nullable));
         }
-        for (key, on) in self.kind.forced() {
-            set_path(&mut tree, key, Value::Bool(*on));
+        for (key, yaml) in self.kind.forced() {
+            set_path(&mut tree, key, serde_yaml::from_str(yaml).expect("static YAML value"));
         }
         PipelineConfig::from_tree(tree, &label).map_err(|e| match e {
             // Name the parameter as it is declared: `neighbors.ball_query.min_radius`.
