@@ -228,7 +228,8 @@ fn voxel_features_as_float16() {
     let n = 3000;
     let pts: Vec<Vec<u8>> = (0..n)
         .map(|_| {
-            let xyz = [rng.random_range(-30.0f32..30.0), rng.random_range(-30.0f32..30.0), rng.random_range(-2.0f32..2.0)];
+            let xyz =
+                [rng.random_range(-30.0f32..30.0), rng.random_range(-30.0f32..30.0), rng.random_range(-2.0f32..2.0)];
             record(&Point { xyz, stamp: 0.0, t: 0 }, rng.random_range(0.0f32..70000.0), 0)
         })
         .collect();

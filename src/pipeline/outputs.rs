@@ -2,10 +2,10 @@
 //! Integer values (indices, counts, coordinates) are written as INT32/UINT32 from the integers
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
+use super::config::FeaturesDtype;
 use super::{Neighborhoods, Voxels};
 use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::nms::Box3d;
-use super::config::FeaturesDtype;
 use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
 use std::borrow::Cow;
 
@@ -101,8 +101,9 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Clo
 
 /// `voxel_features`: the hard voxels' `[V, P, C]` features as an organized cloud, height V (one row
 /// per voxel, in the order of `voxels`), width P (`max_points_per_voxel`), one field per channel
-/// (x, y, z, then `features`): FLOAT32, or with `Float16` the binary16 bits in UINT16 fields; slots past a voxel's `num_points` are zero, as a
-/// PointPillars network expects them, and make the message not dense.
+/// (x, y, z, then `features`): FLOAT32, or with `Float16` the binary16 bits in UINT16 fields.
+/// Slots past a voxel's `num_points` are zero, as a PointPillars network expects them, and make
+/// the message not dense.
 pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String], dtype: FeaturesDtype) -> CloudMessage {
     let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
     let (field_type, size) = match dtype {

@@ -75,7 +75,9 @@ impl NodeKind {
     fn forced(self) -> &'static [(&'static str, &'static str)] {
         match self {
             NodeKind::Pipeline => &[("nms.enabled", "false")],
-            NodeKind::Voxelizer => &[("fps.enabled", "false"), ("neighbors.enabled", "false"), ("nms.enabled", "false")],
+            NodeKind::Voxelizer => {
+                &[("fps.enabled", "false"), ("neighbors.enabled", "false"), ("nms.enabled", "false")]
+            }
             // No downsample stage in these nodes, so FPS runs on the cloud.
             NodeKind::Sampler => &[
                 ("voxelize.enabled", "false"),
