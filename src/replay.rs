@@ -127,8 +127,8 @@ fn frame_line(index: u64, out: &FrameOutput) -> String {
     if let Some(d) = &r.downsampled {
         line += &format!(" | downsampled {}", d.voxel_count());
     }
-    if let Some(k) = out.sample_count() {
-        line += &format!(" | fps {k}");
+    if let Some(s) = r.valid_samples() {
+        line += &format!(" | fps {}", s.len());
     }
     if let Some(n) = &r.neighborhoods {
         line += &format!(" | neighbours {}x{} ({} found)", n.indices.len() / n.width.max(1), n.width, n.found);

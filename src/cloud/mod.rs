@@ -80,6 +80,12 @@ impl Datatype {
             Float64 => 8,
         }
     }
+
+    /// True when float32 cannot hold every value of the type (32-bit integers, float64): means of
+    /// such fields are computed from the f64 values of the records, not from the float32 channels.
+    pub fn wider_than_f32(self) -> bool {
+        matches!(self, Datatype::Int32 | Datatype::Uint32 | Datatype::Float64)
+    }
 }
 
 /// sensor_msgs/PointField. `datatype` stays the raw byte so that an unknown value can be reported.
@@ -426,14 +432,6 @@ pub fn write_field(at: &mut [u8], dt: Datatype, offset: usize, v: f64, big_endia
     write_value(&mut at[offset..], dt, v, big_endian);
 }
 
-impl Datatype {
-    /// True when float32 cannot hold every value of the type (32-bit integers, float64): means of
-    /// such fields are computed from the f64 values of the records, not from the float32 channels.
-    pub fn wider_than_f32(self) -> bool {
-        matches!(self, Datatype::Int32 | Datatype::Uint32 | Datatype::Float64)
-    }
-}
-
 /// Field names accepted as intensity, in order of preference.
 pub const INTENSITY_NAMES: [&str; 3] = ["intensity", "reflectivity", "i"];
 /// Field names accepted as the per-point time offset, in order of preference.
@@ -547,12 +545,20 @@ impl Cloud {
             .collect()
     }
 
-    /// x, y, z plus the named channels, in that order (see [`Self::channel_indices`]).
-    pub fn with_features(&self, features: &[String]) -> Result<Cloud, String> {
+    /// x, y, z plus the channels at `indices` (see [`Self::channel_indices`]), in that order.
+    pub fn with_channels(&self, indices: &[usize]) -> Cloud {
         let mut out = Cloud::from_xyz(self.x().to_vec(), self.y().to_vec(), self.z().to_vec());
-        for (f, i) in features.iter().zip(Self::channel_indices(&self.names, features)?) {
-            out = out.with_channel(f, self.columns[i].clone());
+        for &c in indices {
+            out = out.with_channel(&self.names[c], self.columns[c].clone());
         }
+        out
+    }
+
+    /// x, y, z plus the named channels, in that order and under those names (`intensity` keeps its
+    /// name whichever alias it was found under; see [`Self::channel_indices`]).
+    pub fn with_features(&self, features: &[String]) -> Result<Cloud, String> {
+        let mut out = self.with_channels(&Self::channel_indices(&self.names, features)?);
+        out.names[3..].clone_from_slice(features);
         Ok(out)
     }
 

@@ -223,11 +223,6 @@ impl FrameOutput<'_> {
         &self.view.msg.header
     }
 
-    /// Sampled points (padding excluded).
-    pub fn sample_count(&self) -> Option<usize> {
-        self.results.sample_count()
-    }
-
     /// Every output as (topic, message), in a fixed order.
     pub fn messages(&self) -> &[(&'static str, CloudMessage)] {
         &self.messages
@@ -252,25 +247,29 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
     }
     let downsampled =
         r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
-    let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
-    let downsampled_at = out.len();
-    // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
-    let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
-        (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
-        _ => (view, source),
-    };
-    if let (Some(s), Some(k)) = (&r.samples, r.sample_count()) {
-        let picks: Vec<usize> = s[..k].iter().map(|&i| searched_source.get(i as usize)).collect();
-        out.push((SAMPLES_TOPIC, crate::cloud::select_records(h, searched, &picks)));
-        if let Some(n) = &r.neighborhoods {
-            let msg = outputs::neighborhoods_message(h, searched, &searched_source, &s[..k], n);
-            out.push((NEIGHBORHOODS_TOPIC, msg));
+    let (samples, neighborhoods) = {
+        // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
+        let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
+        let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
+            (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
+            _ => (view, source),
+        };
+        match r.valid_samples() {
+            Some(s) => {
+                let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
+                let samples = crate::cloud::select_records(h, searched, &picks);
+                let neighborhoods = r
+                    .neighborhoods
+                    .as_ref()
+                    .map(|n| outputs::neighborhoods_message(h, searched, &searched_source, s, n));
+                (Some(samples), neighborhoods)
+            }
+            None => (None, None),
         }
-    }
-    drop(downsampled_view);
-    if let Some(d) = downsampled {
-        out.insert(downsampled_at, (DOWNSAMPLED_TOPIC, d));
-    }
+    };
+    out.extend(downsampled.map(|m| (DOWNSAMPLED_TOPIC, m)));
+    out.extend(samples.map(|m| (SAMPLES_TOPIC, m)));
+    out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
     out
 }
 

@@ -44,13 +44,26 @@ impl Column<'_> {
     }
 }
 
+/// Fields of the given names and datatypes packed one after the other, and the point step.
+fn packed_fields<'n>(fields: impl IntoIterator<Item = (&'n str, Datatype)>) -> (Vec<PointField>, u32) {
+    let mut offset = 0;
+    let fields = fields
+        .into_iter()
+        .map(|(name, dt)| {
+            let f = PointField::new(name, offset, dt);
+            offset += dt.size();
+            f
+        })
+        .collect();
+    (fields, offset)
+}
+
 /// A little-endian message of packed 4-byte fields, `height` rows of `width` points (row-major).
 fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str, Column<'_>)]) -> CloudMessage {
     let n = height * width;
     assert!(columns.iter().all(|(_, c)| c.len() == n), "column lengths");
-    let fields: Vec<PointField> =
-        columns.iter().enumerate().map(|(k, (name, c))| PointField::new(name, 4 * k as u32, c.datatype())).collect();
-    let step = 4 * columns.len();
+    let (fields, step) = packed_fields(columns.iter().map(|(name, c)| (*name, c.datatype())));
+    let step = step as usize;
     let mut m = CloudMessage::new(header, height, width, &fields, step as u32, false);
     for (i, rec) in m.data_mut().chunks_exact_mut(step).enumerate() {
         for (k, (_, c)) in columns.iter().enumerate() {
@@ -106,12 +119,11 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Clo
 /// the message not dense.
 pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String], dtype: FeaturesDtype) -> CloudMessage {
     let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
-    let (field_type, size) = match dtype {
-        FeaturesDtype::Float32 => (Datatype::Float32, 4),
-        FeaturesDtype::Float16 => (Datatype::Uint16, 2),
+    let field_type = match dtype {
+        FeaturesDtype::Float32 => Datatype::Float32,
+        FeaturesDtype::Float16 => Datatype::Uint16,
     };
-    let fields: Vec<PointField> =
-        names.iter().take(c).enumerate().map(|(k, n)| PointField::new(n, size * k as u32, field_type)).collect();
+    let (fields, step) = packed_fields(names.iter().take(c).map(|n| (n.as_str(), field_type)));
     // [V, P, C] row-major is already the packed records, row by row: one copy of the float32
     // values where the host is little endian, like the message.
     let converted: Vec<u8>;
@@ -126,7 +138,7 @@ pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String],
             &converted
         }
     };
-    let mut m = CloudMessage::from_records(header, (nv, p), &fields, size * c as u32, false, records);
+    let mut m = CloudMessage::from_records(header, (nv, p), &fields, step, false, records);
     m.set_dense(v.num_points.iter().all(|&n| n as usize == p));
     m
 }
@@ -136,7 +148,7 @@ pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String],
 /// datatype (integers rounded to nearest): from the float32 channel for types float32 holds
 /// exactly, from the records' f64 values (summed in input order) for INT32, UINT32 and FLOAT64,
 /// so absolute FLOAT64 stamps and 32-bit counters keep their precision. Fields that are not
-/// channels (count > 1, repeated names) are zero.
+/// channels (count > 1, padding placeholders) are zero.
 pub fn downsampled_message(
     header: &Header,
     view: &CloudView<'_>,
@@ -182,13 +194,17 @@ pub fn neighborhoods_message(
     n: &Neighborhoods,
 ) -> CloudMessage {
     use Datatype::{Float32, Int32};
-    let names =
-        [("x", Float32), ("y", Float32), ("z", Float32), ("index", Int32), ("query", Int32), ("query_index", Int32)];
-    let fields: Vec<PointField> =
-        names.iter().enumerate().map(|(k, (n, dt))| PointField::new(n, 4 * k as u32, *dt)).collect();
+    let (fields, step) = packed_fields([
+        ("x", Float32),
+        ("y", Float32),
+        ("z", Float32),
+        ("index", Int32),
+        ("query", Int32),
+        ("query_index", Int32),
+    ]);
     let rows = if n.width == 0 { 0 } else { n.indices.len() / n.width };
-    let mut msg = CloudMessage::new(header, rows, n.width, &fields, 24, false);
-    for (slot, rec) in msg.data_mut().chunks_exact_mut(24).enumerate() {
+    let mut msg = CloudMessage::new(header, rows, n.width, &fields, step, false);
+    for (slot, rec) in msg.data_mut().chunks_exact_mut(step as usize).enumerate() {
         let (i, q) = (n.indices[slot], slot / n.width);
         let p = if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) };
         let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];

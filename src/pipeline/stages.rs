@@ -132,10 +132,15 @@ pub struct StageResults {
 }
 
 impl StageResults {
-    /// Sampled points (the -1 padding of K > N excluded).
-    pub fn sample_count(&self) -> Option<usize> {
-        self.samples.as_ref().map(|s| s.iter().take_while(|&&i| i >= 0).count())
+    /// The FPS indices without the -1 padding of K > N.
+    pub fn valid_samples(&self) -> Option<&[i32]> {
+        self.samples.as_deref().map(without_padding)
     }
+}
+
+/// FPS indices without their padding: FPS takes every point before it pads, so the -1 come last.
+fn without_padding(indices: &[i32]) -> &[i32] {
+    &indices[..indices.iter().take_while(|&&i| i >= 0).count()]
 }
 
 /// Runs every enabled stage of `cfg` on `view` (validated once, by the caller).
@@ -178,7 +183,7 @@ pub fn run<B: Backend>(
     };
     let (samples, neighborhoods) = if cfg.fps.enabled {
         let (indices, on_backend) = timed(t, "fps", || backend.fps(fps_cloud, &cfg.fps.params))?;
-        let queries = indices.iter().take_while(|&&i| i >= 0).count(); // FPS pads only at the end
+        let queries = without_padding(&indices).len();
         let neighborhoods = if cfg.neighbors.enabled {
             Some(timed(t, "neighbors", || -> Result<_, FrameError> {
                 Ok(match cfg.neighbors.mode {

@@ -6,8 +6,8 @@ use crate::ops::fps::{farthest_point_sample, FpsParams};
 use crate::ops::neighbors::{ball_query, knn, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{
-    pillar_features, voxelize_dynamic, voxelize_hard, DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures,
-    VoxelGrid,
+    pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, HardVoxelParams, HardVoxels,
+    PillarFeatures, VoxelGrid,
 };
 
 /// The CPU reference backend: the operators of `ops`, on host clouds.
@@ -22,14 +22,6 @@ pub struct HostPoints {
 }
 
 impl HostPoints {
-    fn subset(&self, channels: &[usize]) -> Cloud {
-        let mut out = Cloud::from_xyz(self.cloud.x().to_vec(), self.cloud.y().to_vec(), self.cloud.z().to_vec());
-        for &c in channels {
-            out = out.with_channel(&self.cloud.names()[c], self.cloud.columns()[c].clone());
-        }
-        out
-    }
-
     fn queries(&self, samples: &[i32], n: usize) -> Cloud {
         self.cloud.select(&samples[..n].iter().map(|&i| i as usize).collect::<Vec<_>>())
     }
@@ -63,7 +55,7 @@ impl Backend for CpuBackend {
         channels: &[usize],
         params: &HardVoxelParams,
     ) -> Result<HardVoxels, OpError> {
-        Ok(voxelize_hard(&points.subset(channels), params)?)
+        Ok(voxelize_hard(&points.cloud.with_channels(channels), params)?)
     }
     fn voxelize_dynamic(
         &mut self,
@@ -71,7 +63,7 @@ impl Backend for CpuBackend {
         channels: &[usize],
         grid: &VoxelGrid,
     ) -> Result<DynamicVoxels, OpError> {
-        Ok(voxelize_dynamic(&points.subset(channels), grid))
+        Ok(voxelize_dynamic(&points.cloud.with_channels(channels), grid))
     }
     fn downsample(
         &mut self,
@@ -82,7 +74,7 @@ impl Backend for CpuBackend {
     ) -> Result<(DynamicVoxels, Option<HostPoints>), OpError> {
         let dv = voxelize_dynamic(&points.cloud, grid);
         let kept = keep.then(|| HostPoints {
-            cloud: Cloud::from_row_major(&dv.means, dv.num_channels, points.cloud.names()),
+            cloud: Downsampled::from_dynamic(&dv, points.cloud.names()).cloud,
             dropped_non_finite: 0,
         });
         Ok((dv, kept))
@@ -94,7 +86,7 @@ impl Backend for CpuBackend {
         params: &HardVoxelParams,
         with_range: bool,
     ) -> Result<(HardVoxels, PillarFeatures), OpError> {
-        let voxels = voxelize_hard(&points.subset(channels), params)?;
+        let voxels = voxelize_hard(&points.cloud.with_channels(channels), params)?;
         let features = pillar_features(&voxels, &params.grid, with_range)?;
         Ok((voxels, features))
     }

@@ -1,5 +1,5 @@
 //! The operator contract: every operator the pipeline runs, over clouds held by the backend. The CPU
-//! reference ([`CpuBackend`]) is the oracle; the CUDA backend (`gpu::backend`) implements the same
+//! reference ([`CpuBackend`]) is the oracle; the CUDA backend ([`CudaBackend`]) implements the same
 //! trait and must reproduce it bit for bit on integer outputs. The stage sequence
 //! (`pipeline::stages`) is written once, generically over this trait.
 //!
