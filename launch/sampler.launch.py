@@ -4,8 +4,8 @@ ros2 launch lidar_kernels sampler.launch.py params_file:=/path/orin.param.yaml p
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
-from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch.actions import DeclareLaunchArgument, SetEnvironmentVariable
+from launch.substitutions import EnvironmentVariable, LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
@@ -14,19 +14,24 @@ def generate_launch_description():
     return LaunchDescription([
         DeclareLaunchArgument(
             'params_file',
-            default_value=PathJoinSubstitution([FindPackageShare('lidar_kernels'), 'config', 'cpu.param.yaml']),
-            description='Node parameters (config/orin|xavier|desktop_gpu|cpu.param.yaml or your own).'),
+            default_value=PathJoinSubstitution([FindPackageShare('lidar_kernels'), 'config', 'auto.param.yaml']),
+            description='Node parameters (config/auto|orin|xavier|desktop_gpu|cpu.param.yaml or your own); QoS too.'),
+        DeclareLaunchArgument(
+            'dds_profile',
+            default_value=EnvironmentVariable('FASTRTPS_DEFAULT_PROFILES_FILE', default_value=PathJoinSubstitution(
+                [FindPackageShare('lidar_kernels'), 'config', 'fastdds_large_clouds.xml'])),
+            description="Fast DDS profile of the node (default: the environment's, else the package's large-cloud profile)."),
+        SetEnvironmentVariable('FASTRTPS_DEFAULT_PROFILES_FILE', LaunchConfiguration('dds_profile')),
         DeclareLaunchArgument('points', default_value='/points', description='Input PointCloud2 topic.'),
         DeclareLaunchArgument('namespace', default_value='', description='Namespace of the node.'),
         DeclareLaunchArgument('node_name', default_value='sampler', description='Name of the node.'),
-        DeclareLaunchArgument('reliable', default_value='true', description='Input QoS reliable (true) or best effort.'),
         Node(
             package='lidar_kernels',
             executable='sampler',
             name=LaunchConfiguration('node_name'),
             namespace=LaunchConfiguration('namespace'),
             output='screen',
-            parameters=[LaunchConfiguration('params_file'), {'reliable': LaunchConfiguration('reliable')}],
+            parameters=[LaunchConfiguration('params_file')],
             remappings=[('points', LaunchConfiguration('points'))],
         ),
     ])

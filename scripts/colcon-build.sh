@@ -48,9 +48,10 @@ if [ "${LIDAR_KERNELS_COLCON_OWN_TARGET:-0}" != 1 ]; then
     fi
 fi
 
-# 3. Build (release; the `ros` feature is not a default feature). Run from the workspace root.
+# 3. Build (release). Run from the workspace root.
 t0=$(date +%s)
-(cd "$ws" && colcon build --packages-select "$pkg" --cargo-args --release --features ros)
+# Plain, as a ROS user runs it: colcon.pkg adds `--features ros`.
+(cd "$ws" && colcon build --packages-select "$pkg" --cargo-args --release)
 echo "colcon build: $(( $(date +%s) - t0 )) s"
 
 # 4. Check the installed tree. (install/setup.bash fails under `set -u`; prefix the path directly.)
@@ -108,8 +109,8 @@ done
 # 6. The installed nodes accept the installed params files (backend auto falls back to the CPU here),
 #    and the launch files' default params file is installed.
 share="$install/share/$pkg"
-if [ -f "$share/config/cpu.param.yaml" ] &&
-    grep -q 'find-pkg-share lidar_kernels)/config/cpu.param.yaml' "$share/launch/pipeline.launch.xml"; then echo "PASS installed launch files' default params file is installed"; else echo "FAIL launch default params file"; fail=1; fi
+if [ -f "$share/config/auto.param.yaml" ] &&
+    grep -q 'find-pkg-share lidar_kernels)/config/auto.param.yaml' "$share/launch/pipeline.launch.xml"; then echo "PASS installed launch files' default params file is installed"; else echo "FAIL launch default params file"; fail=1; fi
 for f in "$share"/config/*.param.yaml; do
     n=$(basename "$f" .param.yaml)
     log="$logdir/params-$n.log"

@@ -16,6 +16,7 @@
 //! The five executables (`src/bin/`) run [`PipelineStage`] with a [`NodeKind`]: the library
 //! pipeline with the stages of that node, its configuration keys declared as dotted parameters.
 
+pub mod link;
 mod node;
 mod params;
 pub mod pipeline_stage;
@@ -27,4 +28,4 @@ pub use crate::cloud::validate as validate_cloud;
 pub use node::{common_params, list_params, node_main, run_node, NodeStats};
 pub use params::ParamTable;
 pub use pipeline_stage::{NodeKind, PipelineStage};
-pub use stage::{error_kind, Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage};
+pub use stage::{error_kind, Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage, Validator};

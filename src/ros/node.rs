@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use futures::StreamExt;
-use r2r::{QosProfile, RosParams};
+use r2r::QosProfile;
 
-use super::params::ParamTable;
+use super::link::{cdr_stamp_ns, describe_qos, incompatibility, resolve_topic, StampGaps};
+use super::params::{self, ParamTable};
 use super::queue::{LatestQueue, Pop};
 use super::ratelimit::RateLimiter;
 use super::stage::{error_kind, Input, ParamSpec, ParamValue, Params, Stage};
@@ -34,14 +35,30 @@ pub fn common_params() -> Vec<ParamSpec> {
              publisher must be reliable too).",
         )
         .read_only(),
-        ParamSpec::int("qos_depth", 1, 1, 100, "Input QoS history depth (keep last N).").read_only(),
+        ParamSpec::int(
+            "qos_depth",
+            5,
+            1,
+            100,
+            "Input QoS history depth (keep last N); 5 as the sensor-data profile, so that a large cloud still \
+             being reassembled is not pushed out by the next.",
+        )
+        .read_only(),
         ParamSpec::bool(
             "output_reliable",
             true,
             "Output QoS reliability; reliable output reaches both reliable and best-effort subscribers.",
         )
         .read_only(),
-        ParamSpec::int("output_depth", 1, 1, 100, "Output QoS history depth (keep last N).").read_only(),
+        ParamSpec::int(
+            "output_depth",
+            10,
+            1,
+            100,
+            "Output QoS history depth (keep last N). Reliable outputs resend from this history: with 1, a \
+             subscriber that misses a fragment of a large message loses it when the next is published.",
+        )
+        .read_only(),
         ParamSpec::int(
             "queue_size",
             1,
@@ -57,6 +74,14 @@ pub fn common_params() -> Vec<ParamSpec> {
             0.0,
             3600.0,
             "Seconds between log lines about malformed clouds or stage errors; the others are counted only.",
+        ),
+        ParamSpec::double(
+            "input_timeout",
+            3.0,
+            0.1,
+            3600.0,
+            "Seconds without a cloud, while the input topic has a publisher, before /diagnostics warns (and names \
+             the publisher's QoS).",
         ),
         ParamSpec::bool(
             "use_sim_time",
@@ -226,31 +251,74 @@ pub fn run_node<S: Stage>(stage: S) -> anyhow::Result<()> {
             return Ok(());
         }
     }
+    let dds_profile = use_large_cloud_dds_profile();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ros-exec")
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let result = rt.block_on(run_async(stage));
+    let result = rt.block_on(run_async(stage, dds_profile));
     rt.shutdown_timeout(Duration::from_millis(500));
     result
 }
 
-async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
+/// What the diagnostics task knows about the node's links, refreshed every period.
+#[derive(Default)]
+struct LinkState {
+    /// Problems found this period, each one sentence (QoS mismatch, silent input, lost clouds).
+    problems: Vec<String>,
+    input_publishers: Vec<String>,
+}
+
+/// Fast DDS reads its XML profile once, when the first participant is created: point it at the
+/// package's large-cloud profile unless the user chose one. The installed copy is used where the
+/// executable sits in a colcon install; otherwise the embedded copy is written to the temp folder.
+fn use_large_cloud_dds_profile() -> Option<String> {
+    // Fast DDS 2.x (Humble, Jazzy) reads the FASTRTPS_ name, 3.x the FASTDDS_ one.
+    const VARS: [&str; 2] = ["FASTRTPS_DEFAULT_PROFILES_FILE", "FASTDDS_DEFAULT_PROFILES_FILE"];
+    const FILE: &str = "fastdds_large_clouds.xml";
+    const XML: &str = include_str!("../../config/fastdds_large_clouds.xml");
+    if VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+        return None;
+    }
+    if std::env::var("RMW_IMPLEMENTATION").is_ok_and(|r| !r.is_empty() && r != "rmw_fastrtps_cpp") {
+        return None;
+    }
+    let installed = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("../../share/lidar_kernels/config").join(FILE)))
+        .filter(|p| p.is_file());
+    let path = installed.or_else(|| {
+        let p = std::env::temp_dir().join(format!("lidar_kernels_{}_{FILE}", env!("CARGO_PKG_VERSION")));
+        let current = std::fs::read_to_string(&p).is_ok_and(|t| t == XML);
+        (current || std::fs::write(&p, XML).is_ok()).then_some(p)
+    })?;
+    // Before any thread exists (`run_node` calls this before it builds the runtime).
+    for v in VARS {
+        std::env::set_var(v, &path);
+    }
+    Some(path.display().to_string())
+}
+
+async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyhow::Result<()> {
     let ctx = r2r::Context::create().map_err(|e| anyhow!("rcl init failed: {e} (is HOME or ROS_LOG_DIR set?)"))?;
     let mut node =
         r2r::Node::create(ctx, stage.name(), "").map_err(|e| anyhow!("creating node '{}': {e}", stage.name()))?;
     let logger = node.logger().to_string();
+    let node_name = node.name().unwrap_or_else(|_| stage.name().to_string());
+    let namespace = node.namespace().unwrap_or_else(|_| "/".into());
     let fqn = node.fully_qualified_name().unwrap_or_else(|_| stage.name().to_string());
+    match &dds_profile {
+        Some(p) => r2r::log_info!(&logger, "Fast DDS profile: {p} (set FASTRTPS_DEFAULT_PROFILES_FILE to use another)"),
+        None => r2r::log_info!(&logger, "DDS profile: the environment's (FASTRTPS_/FASTDDS_DEFAULT_PROFILES_FILE or RMW_IMPLEMENTATION set)"),
+    }
 
-    // Parameters: common ones, then the stage's; CLI / params-file values applied and checked here.
+    // Parameters: common ones, then the stage's; command-line / params-file values checked here.
     let mut specs = common_params();
     specs.extend(stage.params());
     let table = Arc::new(Mutex::new(ParamTable::new(specs)));
-    let dyn_table: Arc<Mutex<dyn RosParams + Send>> = table.clone();
-    let (param_handler, param_events) =
-        node.make_derived_parameter_handler(dyn_table).map_err(|e| anyhow!("parameters: {e}"))?;
+    table.lock().unwrap().apply_overrides(&node.params.lock().unwrap_or_else(|e| e.into_inner()))?;
     let undeclared = table.lock().unwrap().undeclared().to_vec();
     if !undeclared.is_empty() {
         r2r::log_warn!(&logger, "parameters given but not declared by this node (ignored): {}", undeclared.join(", "));
@@ -262,66 +330,87 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
         for (name, value) in stage.effective_params() {
             t.set_effective(&name, value);
         }
+        t.set_validator(stage.validator());
     }
     let params: Params = table.lock().unwrap().snapshot();
+    let param_services = params::serve(&mut node, table.clone(), logger.clone())?;
+    if params.bool("use_sim_time").unwrap_or(false) {
+        let ts = node.get_time_source();
+        ts.enable_sim_time(&mut node).map_err(|e| anyhow!("use_sim_time: {e}"))?;
+    }
 
     let reliable = params.bool("reliable").unwrap_or(false);
-    let depth = params.int("qos_depth").unwrap_or(1);
-    let input_qos = format!("{}, keep last {depth}", if reliable { "reliable" } else { "best effort" });
+    let depth = params.int("qos_depth").unwrap_or(5);
+    let in_qos = qos(reliable, depth);
+    let input_qos = describe_qos(&in_qos);
     let input_topic = stage.input_topic().to_string();
+    let args: Vec<String> = std::env::args().collect();
+    let input_resolved = resolve_topic(&input_topic, &args, &node_name, &namespace);
     let sub = node
-        .subscribe_raw(&input_topic, POINTCLOUD2_TYPE, qos(reliable, depth))
+        .subscribe_raw(&input_topic, POINTCLOUD2_TYPE, in_qos.clone())
         .map_err(|e| anyhow!("subscribing to '{input_topic}': {e}"))?;
 
-    let out_qos = qos(params.bool("output_reliable").unwrap_or(true), params.int("output_depth").unwrap_or(1));
+    let out_qos = qos(params.bool("output_reliable").unwrap_or(true), params.int("output_depth").unwrap_or(10));
     let mut publishers = HashMap::new();
+    let mut output_resolved = Vec::new();
     for o in stage.outputs() {
         let p = node
             .create_publisher_untyped(&o.topic, &o.type_name, out_qos.clone())
             .map_err(|e| anyhow!("publisher '{}' ({}): {e}", o.topic, o.type_name))?;
+        output_resolved.push(resolve_topic(&o.topic, &args, &node_name, &namespace));
         publishers.insert(o.topic.clone(), p);
     }
     let diag_pub = node
         .create_publisher::<r2r::diagnostic_msgs::msg::DiagnosticArray>("/diagnostics", QosProfile::default())
         .map_err(|e| anyhow!("/diagnostics publisher: {e}"))?;
     let ros_clock = node.get_ros_clock();
-
     r2r::log_info!(
         &logger,
-        "{fqn}: input '{input_topic}' ({input_qos}), outputs {:?}, queue_size {}",
-        publishers.keys().collect::<Vec<_>>(),
+        "{fqn}: input '{input_resolved}' ({input_qos}), outputs {:?} ({}), queue_size {}",
+        output_resolved,
+        describe_qos(&out_qos),
         params.int("queue_size").unwrap_or(1)
     );
 
     let shutdown = Arc::new(AtomicBool::new(false));
     let queue = Arc::new(LatestQueue::<Frame>::new(params.int("queue_size").unwrap_or(1) as usize));
     let stats = Arc::new(NodeStats::default());
+    let gaps = Arc::new(Mutex::new(StampGaps::default()));
+    let last_received = Arc::new(Mutex::new(None::<Instant>));
 
-    // Spin thread: the only place that touches the node from now on.
-    let node = Arc::new(Mutex::new(node));
+    // Spin thread: the only place that touches the node from now on. Between spins it reads the
+    // input's publishers from the graph (once a second) for the diagnostics task.
+    let input_publishers = Arc::new(Mutex::new(Ok(Vec::new())));
     let spin = {
-        let (node, shutdown) = (node.clone(), shutdown.clone());
+        let (shutdown, publishers, topic) = (shutdown.clone(), input_publishers.clone(), input_resolved.clone());
         std::thread::Builder::new().name("ros-spin".into()).spawn(move || {
+            let mut queried: Option<Instant> = None;
             while !shutdown.load(Ordering::Relaxed) {
-                node.lock().unwrap().spin_once(Duration::from_millis(20));
+                node.spin_once(Duration::from_millis(20));
+                if queried.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    let found = node
+                        .get_publishers_info_by_topic(&topic, false)
+                        .map(|v| v.into_iter().map(|p| (format!("{}/{}", p.node_namespace.trim_end_matches('/'), p.node_name), p.qos_profile)).collect());
+                    *publishers.lock().unwrap_or_else(|e| e.into_inner()) = found;
+                    queried = Some(Instant::now());
+                }
             }
+            node
         })?
     };
 
-    tokio::spawn(param_handler);
-    {
-        let logger = logger.clone();
-        tokio::spawn(param_events.for_each(move |(name, value)| {
-            r2r::log_info!(&logger, "parameter {name} := {value:?}");
-            futures::future::ready(())
-        }));
-    }
+    tokio::spawn(param_services);
 
-    // Executor side of the queue: move the bytes in, nothing else.
+    // Executor side of the queue: the stamp for the loss count, then the bytes in.
     {
-        let queue = queue.clone();
+        let (queue, gaps, last_received) = (queue.clone(), gaps.clone(), last_received.clone());
         tokio::spawn(sub.for_each(move |cdr| {
-            queue.push(Frame { cdr, received: Instant::now() });
+            let now = Instant::now();
+            if let Some(ns) = cdr_stamp_ns(&cdr) {
+                gaps.lock().unwrap_or_else(|e| e.into_inner()).observe(ns);
+            }
+            *last_received.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+            queue.push(Frame { cdr, received: now });
             futures::future::ready(())
         }));
     }
@@ -334,77 +423,131 @@ async fn run_async<S: Stage>(mut stage: S) -> anyhow::Result<()> {
             .spawn(move || process_loop(stage, queue, stats, table, publishers, logger, params))?
     };
 
-    // Diagnostics.
-    {
-        let (queue, stats, fqn) = (queue.clone(), stats.clone(), fqn.clone());
-        let period =
-            Duration::from_secs_f64(table.lock().unwrap().snapshot().double("diagnostics_period").unwrap_or(1.0));
+    // Diagnostics, with the check of the input's publishers.
+    let diagnostics = {
+        let (queue, stats, fqn, logger) = (queue.clone(), stats.clone(), fqn.clone(), logger.clone());
+        let snapshot = table.lock().unwrap().snapshot();
+        let period = Duration::from_secs_f64(snapshot.double("diagnostics_period").unwrap_or(1.0));
+        let mut problem_log = RateLimiter::new(Duration::from_secs_f64(snapshot.double("malformed_log_period").unwrap_or(5.0)));
         let name = format!("{fqn}: lidar_kernels");
+        let table = table.clone();
         tokio::spawn(async move {
             use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let (mut last_malformed, mut last_errors) = (0u64, 0u64);
+            let (mut last_malformed, mut last_errors, mut last_lost) = (0u64, 0u64, 0u64);
+            let started = Instant::now();
             loop {
                 tick.tick().await;
+                let input_timeout = table.lock().map(|t| t.snapshot().double("input_timeout").unwrap_or(3.0)).unwrap_or(3.0);
+                let mut link = LinkState::default();
+                match &*input_publishers.lock().unwrap_or_else(|e| e.into_inner()) {
+                    Ok(pubs) => {
+                        for (node, q) in pubs {
+                            let who = format!("{node} ({})", describe_qos(q));
+                            if let Some(why) = incompatibility(&in_qos, q) {
+                                link.problems.push(format!("QoS mismatch on input '{input_resolved}': {why} ({who}); no cloud can arrive"));
+                            }
+                            link.input_publishers.push(who);
+                        }
+                    }
+                    Err(e) => link.problems.push(format!("graph query for '{input_resolved}' failed: {e}")),
+                }
+                let since = last_received.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(started).elapsed();
+                if !link.input_publishers.is_empty() && since.as_secs_f64() > input_timeout {
+                    link.problems.push(format!(
+                        "no cloud on '{input_resolved}' for {:.1} s while it has {} publisher(s): {}",
+                        since.as_secs_f64(), link.input_publishers.len(), link.input_publishers.join("; ")
+                    ));
+                }
+                let (lost, gap_kv) = {
+                    let g = gaps.lock().unwrap_or_else(|e| e.into_inner());
+                    let period = g.period_ns().map_or("-".to_string(), |p| format!("{:.3}", p as f64 / 1e6));
+                    (g.lost, vec![("input_lost".to_string(), g.lost.to_string()), ("input_gaps".to_string(), g.gaps.to_string()), ("input_period_ms".to_string(), period)])
+                };
+                if lost > last_lost {
+                    link.problems.push(format!(
+                        "{} clouds lost before the node in the last period (gaps in the header stamps on '{input_resolved}', {} in all)",
+                        lost - last_lost, lost
+                    ));
+                }
                 let malformed = stats.malformed.load(Ordering::Relaxed);
                 let errors = stats.stage_errors.load(Ordering::Relaxed) + stats.publish_errors.load(Ordering::Relaxed);
-                let (level, message) = if malformed > last_malformed || errors > last_errors {
-                    (
-                        1u8,
-                        format!(
-                            "{} malformed clouds, {} errors in the last period",
-                            malformed - last_malformed,
-                            errors - last_errors
-                        ),
-                    )
-                } else {
-                    (0u8, "ok".to_string())
-                };
-                (last_malformed, last_errors) = (malformed, errors);
+                let mut level = if link.problems.is_empty() { 0u8 } else { 1u8 };
+                let mut message = link.problems.clone();
+                if malformed > last_malformed {
+                    level = level.max(1);
+                    message.push(format!("{} malformed clouds in the last period", malformed - last_malformed));
+                }
+                if errors > last_errors {
+                    level = 2;
+                    let last = stats.detail().last_stage_error.clone();
+                    message.insert(0, format!("{} clouds failed in the last period: {last}", errors - last_errors));
+                }
+                if !link.problems.is_empty() {
+                    if let Some(held) = problem_log.check(Instant::now()) {
+                        let more = if held > 0 { format!(" ({held} more reports since the last line)") } else { String::new() };
+                        r2r::log_warn!(&logger, "{}{more}", link.problems.join("; "));
+                    }
+                }
+                (last_malformed, last_errors, last_lost) = (malformed, errors, lost);
+                let message = if message.is_empty() { "ok".to_string() } else { message.join("; ") };
                 let now = ros_clock.lock().map(|mut c| c.get_now().unwrap_or_default()).unwrap_or_default();
-                let values = diagnostic_values(&stats, &queue, &input_qos)
-                    .into_iter()
-                    .map(|(key, value)| KeyValue { key, value })
-                    .collect();
+                let mut kv = diagnostic_values(&stats, &queue, &input_qos);
+                kv.extend(gap_kv);
+                kv.push(("input_topic".into(), input_resolved.clone()));
+                kv.push(("input_publishers".into(), link.input_publishers.join("; ")));
+                kv.push(("seconds_since_last_cloud".into(), format!("{:.1}", since.as_secs_f64())));
+                kv.push(("output_qos".into(), describe_qos(&out_qos)));
+                let values = kv.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
                 let msg = DiagnosticArray {
-                    header: r2r::std_msgs::msg::Header {
-                        stamp: r2r::Clock::to_builtin_time(&now),
-                        frame_id: String::new(),
-                    },
-                    status: vec![DiagnosticStatus {
-                        level,
-                        name: name.clone(),
-                        message,
-                        hardware_id: "lidar_kernels".into(),
-                        values,
-                    }],
+                    header: r2r::std_msgs::msg::Header { stamp: r2r::Clock::to_builtin_time(&now), frame_id: String::new() },
+                    status: vec![DiagnosticStatus { level, name: name.clone(), message, hardware_id: "lidar_kernels".into(), values }],
                 };
                 let _ = diag_pub.publish(&msg);
             }
-        });
-    }
+        })
+    };
 
     wait_for_shutdown_signal().await;
     r2r::log_info!(&logger, "shutting down");
     shutdown.store(true, Ordering::Relaxed);
     queue.close();
-    let _ = tokio::task::spawn_blocking(move || {
-        let _ = worker.join();
-        let _ = spin.join();
-    })
-    .await;
+    diagnostics.abort();
+    let _ = diagnostics.await;
+    // The frame in progress gets a short grace; a longer one (a multi-second CPU frame) is
+    // abandoned: the process exits without it, and the OS and the CUDA driver take back its memory.
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    while !worker.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let abandoned = !worker.is_finished();
+    let node = spin.join().map_err(|_| anyhow!("the spin thread panicked"))?;
     let processed = stats.processed.load(Ordering::Relaxed);
     r2r::log_info!(
         &logger,
-        "stopped: {} received, {processed} processed, {} dropped (queue full), {} malformed",
+        "stopped: {} received, {processed} processed, {} dropped (queue full), {} malformed{}",
         queue.pushed(),
         queue.dropped(),
-        stats.malformed.load(Ordering::Relaxed)
+        stats.malformed.load(Ordering::Relaxed),
+        if abandoned { ", the frame in progress abandoned" } else { "" }
     );
+    if abandoned {
+        // Leave the DDS graph cleanly, then exit without waiting for (or unwinding) the worker.
+        drop(node);
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // SAFETY: _exit ends the process at once; nothing after it runs.
+        unsafe { libc::_exit(0) };
+    }
+    let _ = worker.join();
     drop(node);
     Ok(())
 }
+
+/// How long a stop waits for the frame in progress before abandoning it.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(300);
 
 async fn wait_for_shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};

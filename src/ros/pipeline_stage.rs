@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use serde_yaml::Value;
 
-use super::stage::{Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage};
+use super::stage::{Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Stage, Validator};
 use crate::cloud::POINTCLOUD2_TYPE;
 use crate::gpu::{BackendKind, ProfileChoice};
 use crate::pipeline::config::{leaves, set_path};
@@ -248,70 +248,42 @@ fn key_params(kind: NodeKind) -> Vec<KeyParam> {
         .collect()
 }
 
-/// The pipeline as a node stage.
-pub struct PipelineStage {
+/// Builds a node's configuration from its parameters: the node kind's keys and the YAML tree of
+/// `config_file` (read once, at start). Shared by `configure` and the parameter services, so a
+/// value is refused at `set_parameters` by the same code that would refuse it at the next cloud.
+#[derive(Debug, Clone)]
+struct ConfigBuilder {
     kind: NodeKind,
     keys: Vec<KeyParam>,
-    /// The YAML tree of `config_file` (or an empty mapping), read once at start.
-    base: Option<(String, Value)>,
-    pipeline: Option<Pipeline>,
-    backend: String,
-    frames: u64,
-    last: Vec<(String, String)>,
-    stats_cache: Vec<(String, String)>,
-    stats_at: Option<Instant>,
+    /// (label for messages, tree of `config_file` or an empty mapping).
+    base: (String, Value),
 }
 
-impl PipelineStage {
-    pub fn new(kind: NodeKind) -> Self {
-        Self {
-            kind,
-            keys: key_params(kind),
-            base: None,
-            pipeline: None,
-            backend: String::new(),
-            frames: 0,
-            last: Vec::new(),
-            stats_cache: Vec::new(),
-            stats_at: None,
-        }
+impl ConfigBuilder {
+    fn new(kind: NodeKind, keys: Vec<KeyParam>, config_file: &str) -> anyhow::Result<Self> {
+        let tree = if config_file.is_empty() {
+            Value::Mapping(Default::default())
+        } else {
+            let text = std::fs::read_to_string(config_file)
+                .with_context(|| format!("parameter 'config_file': cannot read '{config_file}'"))?;
+            let tree: Value = serde_yaml::from_str(&text)
+                .map_err(|e| anyhow!("parameter 'config_file' = '{config_file}': {e}"))?;
+            match tree {
+                Value::Null => Value::Mapping(Default::default()),
+                Value::Mapping(_) => tree,
+                _ => bail!("parameter 'config_file' = '{config_file}': not a YAML mapping"),
+            }
+        };
+        let label =
+            if config_file.is_empty() { "ROS parameters".to_string() } else { format!("{config_file} + ROS parameters") };
+        Ok(Self { kind, keys, base: (label, tree) })
     }
 
-    pub fn kind(&self) -> NodeKind {
-        self.kind
-    }
-
-    /// The configuration in effect (after a successful `configure`).
-    pub fn config(&self) -> Option<&PipelineConfig> {
-        self.pipeline.as_ref().map(|p| &p.config)
-    }
-
-    /// Builds the configuration: the defaults' YAML tree with `config_file`'s tree merged over it,
-    /// the explicitly given parameters over that, the node kind's switches, then
-    /// [`PipelineConfig::from_yaml`] (unknown keys and invalid values are refused by key).
-    pub fn build_config(&mut self, params: &Params) -> anyhow::Result<PipelineConfig> {
-        if self.base.is_none() {
-            let file = params.str("config_file").unwrap_or("").to_string();
-            let tree = if file.is_empty() {
-                Value::Mapping(Default::default())
-            } else {
-                let text = std::fs::read_to_string(&file)
-                    .with_context(|| format!("parameter 'config_file': cannot read '{file}'"))?;
-                let tree: Value =
-                    serde_yaml::from_str(&text).map_err(|e| anyhow!("parameter 'config_file' = '{file}': {e}"))?;
-                if !(tree.is_mapping() || tree.is_null()) {
-                    bail!("parameter 'config_file' = '{file}': not a YAML mapping");
-                }
-                if tree.is_null() {
-                    Value::Mapping(Default::default())
-                } else {
-                    tree
-                }
-            };
-            let label = if file.is_empty() { "ROS parameters".to_string() } else { format!("{file} + ROS parameters") };
-            self.base = Some((label, tree));
-        }
-        let (label, mut tree) = self.base.clone().expect("set above");
+    /// The defaults' YAML tree with `config_file`'s tree merged over it, the explicitly given
+    /// parameters over that, the node kind's switches, then [`PipelineConfig::from_tree`]
+    /// (unknown keys and invalid values are refused by key).
+    fn build(&self, params: &Params) -> anyhow::Result<PipelineConfig> {
+        let (label, mut tree) = self.base.clone();
         for k in &self.keys {
             let name = &k.spec.name;
             if !params.is_explicit(name) {
@@ -339,6 +311,54 @@ impl PipelineStage {
             }
             e => anyhow!("{e}"),
         })
+    }
+}
+
+/// The pipeline as a node stage.
+pub struct PipelineStage {
+    kind: NodeKind,
+    keys: Vec<KeyParam>,
+    /// Set by the first `configure` (it reads `config_file`).
+    builder: Option<ConfigBuilder>,
+    pipeline: Option<Pipeline>,
+    backend: String,
+    frames: u64,
+    last: Vec<(String, String)>,
+    stats_cache: Vec<(String, String)>,
+    stats_at: Option<Instant>,
+}
+
+impl PipelineStage {
+    pub fn new(kind: NodeKind) -> Self {
+        Self {
+            kind,
+            keys: key_params(kind),
+            builder: None,
+            pipeline: None,
+            backend: String::new(),
+            frames: 0,
+            last: Vec::new(),
+            stats_cache: Vec::new(),
+            stats_at: None,
+        }
+    }
+
+    pub fn kind(&self) -> NodeKind {
+        self.kind
+    }
+
+    /// The configuration in effect (after a successful `configure`).
+    pub fn config(&self) -> Option<&PipelineConfig> {
+        self.pipeline.as_ref().map(|p| &p.config)
+    }
+
+    /// The configuration these parameters give (`config_file` is read on the first call).
+    pub fn build_config(&mut self, params: &Params) -> anyhow::Result<PipelineConfig> {
+        if self.builder.is_none() {
+            let file = params.str("config_file").unwrap_or("");
+            self.builder = Some(ConfigBuilder::new(self.kind, self.keys.clone(), file)?);
+        }
+        self.builder.as_ref().expect("set above").build(params)
     }
 }
 
@@ -416,6 +436,11 @@ impl Stage for PipelineStage {
         Ok(())
     }
 
+    fn validator(&self) -> Option<Validator> {
+        let builder = self.builder.clone()?;
+        Some(Box::new(move |params: &Params| builder.build(params).map(|_| ())))
+    }
+
     fn effective_params(&self) -> Vec<(String, ParamValue)> {
         let Some(cfg) = self.config() else { return Vec::new() };
         let Ok(tree) = serde_yaml::to_value(cfg) else { return Vec::new() };
@@ -450,7 +475,7 @@ impl Stage for PipelineStage {
             let frame = p.process(input.view.clone())?;
             let topics = self.kind.topics();
             for (topic, msg) in frame.messages() {
-                if topics.contains(&topic) {
+                if topics.contains(topic) {
                     self.last.push((format!("last.{topic}"), msg.num_points().to_string()));
                     out.push((format!("~/{topic}"), msg.cdr().to_vec()));
                 }

@@ -203,6 +203,9 @@ impl Input<'_> {
     }
 }
 
+/// Checks a complete set of parameter values (a candidate change) the way the stage would.
+pub type Validator = Box<dyn Fn(&Params) -> anyhow::Result<()> + Send>;
+
 /// A CDR-encoded message for one of the stage's declared output topics (`OutputSpec::topic`).
 pub type Output = (String, Vec<u8>);
 
@@ -240,6 +243,13 @@ pub trait Stage: Send + 'static {
     /// Key/values for /diagnostics (read after each `process`, published at 1 Hz).
     fn stats(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    /// After a successful `configure`: the check every parameter change must pass before it is
+    /// accepted (the same code `configure` runs), so that a refused value never reaches the stage
+    /// and what get_parameters returns is what runs.
+    fn validator(&self) -> Option<Validator> {
+        None
     }
 
     /// After a successful `configure`: parameter values the stage actually uses where they differ

@@ -15,6 +15,11 @@ Modes:
   diag      Waits for /diagnostics from every --node and checks --expect KEY=VALUE-PREFIX there.
   latency   One scan (--scan), sent --repeat times, one at a time; prints the end-to-end time seen
             here and the node's receive_to_publish / process times from /diagnostics as JSON.
+  stream    The sample's scans at --rate Hz for --seconds (--publisher-qos reliable | best_effort):
+            delivered / sent to the node, and every processed scan's outputs received here.
+  qos       A best-effort publisher against the node's reliable input: a WARN in /diagnostics
+            naming the mismatch, then one naming the silent publisher.
+  big       One --points random cloud; returns when the node has received it.
 
 Never sleeps for discovery: waits until the publisher sees the subscriptions and outputs arrive.
 Prints one line per check and ends with 'N passed, N failed'; exit status 1 on any failure.
@@ -145,16 +150,19 @@ class Peer(Node):
         self.failed = 0
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
         self.qos = qos
-        self.pub = self.create_publisher(PointCloud2, args.input, qos) if args.input else None
+        in_qos = qos
+        if getattr(args, 'publisher_qos', 'reliable') == 'best_effort':
+            in_qos = QoSProfile(depth=5, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST)
+        self.pub = self.create_publisher(PointCloud2, args.input, in_qos) if args.input and args.mode != 'qos' else None
         self.nodes = []  # (kind, fqn)
         for spec in args.node:
             kind, fqn = spec.split('=', 1)
             self.nodes.append((kind, fqn))
         self.outputs = {}  # (fqn, topic) -> {stamp: (msg, t_received)}
         self.markers = {}  # fqn -> {stamp: MarkerArray}
-        if args.mode in ('outputs', 'nms', 'latency'):
+        if args.mode in ('outputs', 'nms', 'latency', 'stream'):
             for kind, fqn in self.nodes:
-                for t in TOPICS[kind]:
+                for t in (args.topics or TOPICS[kind]):
                     key = (fqn, t)
                     self.outputs[key] = {}
                     self.create_subscription(PointCloud2, f'{fqn}/{t}', self._store(key), qos)
@@ -336,6 +344,45 @@ def run_outputs(peer, args):
     peer.check(r is not None and not r.successful, f'set fps.num_samples:=0 rejected ({r.reason if r else None})')
     r = peer.set_param(fqn, 'backend', ParameterValue(type=ParameterType.PARAMETER_STRING, string_value='cpu'))
     peer.check(r is not None and not r.successful, f'set backend at run time rejected ({r.reason if r else None})')
+    # Values the pipeline would refuse are refused by set_parameters, with the reason, and the old
+    # value stays what get_parameters returns (and what runs).
+    dbl = lambda v: ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=v)
+    dbls = lambda v: ParameterValue(type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=v)
+    text = lambda v: ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=v)
+    flag = lambda v: ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=v)
+    for name, value, why in [
+            ('voxelize.voxel_size', dbls([0.2, 0.2]), 'needs 3 values'),
+            ('neighbors.ball_query.min_radius', dbl(5.0), 'min_radius'),
+            ('neighbors.mode', text('radius'), 'not one of'),
+            ('voxelize.point_cloud_range', dbls([10.0, -51.2, -5.0, -10.0, 51.2, 5.0]), 'point_cloud_range'),
+            ('fps.enabled', flag(False), 'fps.enabled')]:
+        before = peer.call(GetParameters, f'{fqn}/get_parameters', GetParameters.Request(names=[name]))
+        r = peer.set_param(fqn, name, value)
+        after = peer.call(GetParameters, f'{fqn}/get_parameters', GetParameters.Request(names=[name]))
+        kept = before is not None and after is not None and before.values[0] == after.values[0]
+        peer.check(r is not None and not r.successful and why in r.reason and kept,
+                   f'set {name} refused with a reason, old value kept: {r.reason if r else None!r}')
+    r = peer.call(DescribeParameters, f'{fqn}/describe_parameters',
+                  DescribeParameters.Request(names=['backend', 'reliable', 'fps.num_samples', 'neighbors.ball_query.radius']))
+    ds = r.descriptors if r else []
+    peer.check(len(ds) == 4 and ds[0].read_only and ds[1].read_only and not ds[2].read_only
+               and ds[2].integer_range and ds[2].integer_range[0].from_value == 1 and ds[3].floating_point_range,
+               'describe_parameters: read_only for backend and reliable, integer / floating-point ranges: '
+               + str([(d.name, d.read_only, [(x.from_value, x.to_value) for x in d.integer_range],
+                       [(x.from_value, x.to_value) for x in d.floating_point_range]) for d in ds]))
+    # A value that fails every cloud (it depends on the cloud): stage_errors at ERROR level, a message
+    # that reads the right way round; then a valid change takes effect on the next cloud.
+    r = peer.set_param(fqn, 'fps.start_index', int_value(5_000_000))
+    peer.check(r is not None and r.successful, 'set fps.start_index:=5000000 accepted (it depends on the cloud)')
+    e0 = int(peer.latest_diag(fqn).get('stage_errors', '0'))
+    peer.pub.publish(small_cloud(5000, base + 2_000_000_000))
+    got = peer.wait_diag(fqn, lambda d: int(d.get('stage_errors', '0')) > e0, 15.0)
+    lvl = [lvl for lvl, _, d in peer.diags.get(fqn, []) if int(d.get('stage_errors', '0')) > e0]
+    d = peer.latest_diag(fqn)
+    peer.check(got and lvl and lvl[0] in (2, b'\x02') and 'must be less than the number of points' in d.get('last_stage_error', ''),
+               f"failing cloud: stage_errors {d.get('stage_errors')}, level {lvl[0] if lvl else None}, {d.get('last_stage_error')!r}")
+    r = peer.set_param(fqn, 'fps.start_index', int_value(0))
+    peer.check(r is not None and r.successful, 'set fps.start_index:=0 accepted')
     r = peer.set_param(fqn, 'fps.num_samples', int_value(123))
     peer.check(r is not None and r.successful, 'set fps.num_samples:=123 accepted')
     msg = small_cloud(5000, base + 3_000_000_000)
@@ -452,9 +499,93 @@ def run_latency(peer, args):
                f"{res['node_receive_to_publish_p50_ms']:.1f} ms")
 
 
+def run_stream(peer, args):
+    """Scans at --rate Hz for --seconds into the node, then: delivered / sent to the node (its
+    /diagnostics `received`), and every processed scan's outputs at this keep-up subscriber."""
+    kind, fqn = peer.nodes[0]
+    if not peer.wait_matched(1):
+        return
+    (_, scans), = read_bag(args.bag).items()
+    raws = [bytearray(raw) for _, raw in scans]
+    keys = [(fqn, t) for t in (args.topics or TOPICS[kind])]
+    peer.spin_until(lambda: bool(peer.latest_diag(fqn)), 10.0)
+    d0 = peer.latest_diag(fqn)
+    r0, p0, l0 = (int(d0.get(k, '0')) for k in ('received', 'processed', 'input_lost'))
+    n = int(args.rate * args.seconds)
+    period = 1.0 / args.rate
+    base = 1_950_000_000_000_000_000
+    sent_stamps = []
+    t_start = time.monotonic()
+    for k in range(n):
+        raw = raws[k % len(raws)]
+        ns = base + int(k * period * 1e9)
+        raw[4:8] = int(ns // 1_000_000_000).to_bytes(4, 'little', signed=True)
+        raw[8:12] = int(ns % 1_000_000_000).to_bytes(4, 'little')
+        peer.pub.publish(bytes(raw))
+        sent_stamps.append(ns)
+        peer.spin_until(lambda: time.monotonic() >= t_start + (k + 1) * period, period + 1.0)
+    wall = time.monotonic() - t_start
+    # Stragglers (resends), then one more diagnostics period.
+    peer.spin_until(lambda: False, 3.0)
+    d = peer.latest_diag(fqn)
+    received, processed, lost = (int(d.get(k, '0')) - v for k, v in (('received', r0), ('processed', p0), ('input_lost', l0)))
+    got = {t: sum(1 for s in sent_stamps if s in peer.outputs[(fqn, t)]) for _, t in keys}
+    res = {'node': kind, 'qos': args.publisher_qos, 'sent': n, 'seconds': round(wall, 2), 'received': received,
+           'processed': processed, 'dropped_queue_full': int(d.get('dropped_queue_full', '0')),
+           'input_lost_from_stamps': lost, 'outputs': got, 'node_level': d.get('input_qos')}
+    print('STREAM ' + json.dumps(res), flush=True)
+    peer.check(received >= args.min_delivered * n,
+               f'{args.publisher_qos} publisher, {n} scans at {args.rate} Hz: {received}/{n} delivered to the node '
+               f'({100.0 * received / n:.1f} %, need {100 * args.min_delivered:.0f} %)')
+    peer.check(lost <= n - received, f'lost estimated from stamps {lost} <= not delivered {n - received}')
+    for t, c in got.items():
+        peer.check(c == processed, f'{fqn}/{t}: {c} of {processed} processed scans delivered to a keep-up subscriber')
+
+
+def run_qos(peer, args):
+    """A best-effort publisher against the node's reliable input: a WARN naming the mismatch in
+    /diagnostics within 5 s; then a silent input with a publisher: a WARN naming its QoS."""
+    kind, fqn = peer.nodes[0]
+    be = QoSProfile(depth=5, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST)
+    t0 = time.monotonic()
+    start = len(peer.diags.get(fqn, []))
+    pub = peer.create_publisher(PointCloud2, args.input, be)
+    warned = lambda pattern: any(lvl in (1, 2, b'\x01', b'\x02') and pattern in m for lvl, m, _ in peer.diags.get(fqn, [])[start:])
+    ok = peer.spin_until(lambda: warned('QoS mismatch on input'), 10.0)
+    dt = time.monotonic() - t0
+    msg = next((m for _, m, _ in peer.diags.get(fqn, [])[start:] if 'QoS mismatch on input' in m), '')
+    peer.check(ok and dt <= 5.0 and 'best effort' in msg, f'best-effort publisher vs the reliable input: WARN after {dt:.1f} s: {msg[:220]!r}')
+    ok = peer.spin_until(lambda: warned('no cloud on'), 15.0)
+    msg = next((m for _, m, _ in peer.diags.get(fqn, [])[start:] if 'no cloud on' in m), '')
+    peer.check(ok and 'publisher' in msg, f'silent input with a publisher reported: {msg[-220:]!r}')
+    peer.destroy_publisher(pub)
+
+
+def run_big(peer, args):
+    """One cloud of --points random points (packed xyzi, reliable), then waits until the node has
+    received it (its /diagnostics): the caller then stops the node in the middle of the frame."""
+    kind, fqn = peer.nodes[0]
+    if not peer.wait_matched(1):
+        return
+    rng = np.random.default_rng(7)
+    n = args.points
+    m = PointCloud2()
+    set_stamp(m, 1_960_000_000_000_000_000)
+    m.header.frame_id = 'lk_big'
+    m.height, m.width = 1, n
+    m.fields = [field('x', 0, F32), field('y', 4, F32), field('z', 8, F32), field('intensity', 12, F32)]
+    m.point_step, m.row_step, m.is_dense = 16, 16 * n, True
+    m.data = rng.uniform(-50, 50, size=(n, 4)).astype('<f4').tobytes()
+    peer.spin_until(lambda: bool(peer.latest_diag(fqn)), 10.0)
+    r0 = int(peer.latest_diag(fqn).get('received', '0'))
+    peer.pub.publish(m)
+    ok = peer.wait_diag(fqn, lambda d: int(d.get('received', '0')) > r0, 30.0)
+    peer.check(ok, f'{n}-point cloud ({16 * n / 1e6:.0f} MB) received by {fqn}')
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('mode', choices=['outputs', 'nms', 'diag', 'latency'])
+    ap.add_argument('mode', choices=['outputs', 'nms', 'diag', 'latency', 'stream', 'qos', 'big'])
     ap.add_argument('--input', default=None, help='topic the nodes subscribe to')
     ap.add_argument('--node', action='append', default=[], help='KIND=FQN, e.g. pipeline=/lk_pipeline (repeatable)')
     ap.add_argument('--bag', help='input bag (lidar-kernels sample)')
@@ -466,12 +597,20 @@ def main():
     ap.add_argument('--layout', default='ouster', choices=['ouster', 'xyzi'])
     ap.add_argument('--repeat', type=int, default=20)
     ap.add_argument('--warmup', type=int, default=3)
+    ap.add_argument('--rate', type=float, default=10.0, help='stream: scans per second')
+    ap.add_argument('--seconds', type=float, default=30.0, help='stream: how long')
+    ap.add_argument('--publisher-qos', default='reliable', choices=['reliable', 'best_effort'],
+                    help='stream: QoS of the input publisher (best_effort: the sensor-data profile, depth 5)')
+    ap.add_argument('--topics', nargs='*', default=None, help='stream: output topics to subscribe to (default: all of the node)')
+    ap.add_argument('--points', type=int, default=1_700_000, help='big: points of the cloud')
+    ap.add_argument('--min-delivered', type=float, default=1.0, help='stream: delivered / sent needed')
     args = ap.parse_args()
 
     rclpy.init()
     peer = Peer(args)
     try:
-        {'outputs': run_outputs, 'nms': run_nms, 'diag': run_diag, 'latency': run_latency}[args.mode](peer, args)
+        {'outputs': run_outputs, 'nms': run_nms, 'diag': run_diag, 'latency': run_latency, 'stream': run_stream,
+         'qos': run_qos, 'big': run_big}[args.mode](peer, args)
     finally:
         print(f'{peer.passed} passed, {peer.failed} failed', flush=True)
         ok = peer.failed == 0

@@ -11,7 +11,10 @@
 #  4. nms: box records in, kept boxes + MarkerArray out (peer.py nms);
 #  5. each config/*.param.yaml accepted at start (pipeline and nms publish /diagnostics, backend
 #     auto -> cpu here); backend cuda refused with a clear message;
-#  6. every executable starts and stops cleanly; bad parameters refused at start naming the key.
+#  6. every executable starts and stops cleanly; bad parameters refused at start naming the key;
+#  7. 10 Hz of 107k-point scans for 30 s, best effort (node defaults) and reliable: delivered / sent;
+#  8. an input QoS mismatch and a silent input as WARNs in /diagnostics (the mismatch within 5 s);
+#  9. SIGINT in the middle of a 1.7 M-point frame: exit 0 within 1 s.
 #
 #   bash test/ros/run.sh           SKIP_UNIT=1 skips the cargo unit tests
 #
@@ -171,9 +174,10 @@ pf_pids=()
 for f in config/*.param.yaml; do
     n=$(basename "$f" .param.yaml)
     for b in pipeline nms; do
-        start_node "$b" "lk_pf_${b}_$n" "$logdir/pf-$b-$n.log" --params-file "$f"
+        # Node names as shipped (the params files have per-node sections), one namespace per file.
+        start_node "$b" "$b" "$logdir/pf-$b-$n.log" --params-file "$f" -r __ns:="/lk_pf_$n"
         pf_pids+=("$started_pid")
-        diag_nodes+=(--node "$b=/lk_pf_${b}_$n")
+        diag_nodes+=(--node "$b=/lk_pf_$n/$b")
     done
 done
 set +e
@@ -186,6 +190,8 @@ for p in "${pf_pids[@]}"; do
     set +e; stop_node "$p" 10; rc=$?; set -e
     [ "$rc" = 0 ] || { echo "FAIL a params-file node (pid $p) did not stop cleanly (exit $rc)"; failed=$((failed + 1)); }
 done
+! grep -l "not declared" "$logdir"/pf-*.log
+check $? "no node warns 'not declared' with the shipped params files"
 grep -l "auto: no usable CUDA" "$logdir"/pf-pipeline-*.log >/dev/null
 check $? "backend auto falls back to the CPU with a log line: $(grep -ho 'backend: cpu.*' "$logdir"/pf-pipeline-orin.log | head -1)"
 
@@ -220,6 +226,64 @@ expect_refused voxel_size "voxelize.voxel_size" pipeline -p "voxelize.voxel_size
 expect_refused mode "voxelize.mode" pipeline -p voxelize.mode:=soft
 expect_refused config_file "config_file" sampler -p config_file:=/nonexistent.yaml
 expect_refused neighbors_without_fps "fps.enabled" pipeline -p fps.enabled:=false
+
+# 7. 10 Hz of the sample's scans for 30 s into a pipeline that keeps up (voxelize + downsample on
+#    the CPU): node defaults (best-effort input, the package's Fast DDS profile, loaded by the node
+#    itself) against a best-effort publisher given the same profile (as README tells a driver), then
+#    both reliable. Delivered / sent to the node and every processed scan's outputs at the peer.
+section "7. streaming at 10 Hz"
+stream() { # stream LABEL PUBLISHER_QOS MIN_DELIVERED NODE_ARGS...
+    local label=$1 pq=$2 min=$3; shift 3
+    start_node pipeline "lk_stream_$label" "$logdir/stream-$label.log" -r points:="/lk_stream_$label/points" \
+        -p backend:=cpu -p fps.enabled:=false -p neighbors.enabled:=false "$@"
+    local p=$started_pid
+    wait_for_line "$logdir/stream-$label.log" "input '" "$p" 30
+    set +e
+    FASTRTPS_DEFAULT_PROFILES_FILE="$root/config/fastdds_large_clouds.xml" "$PY" test/ros/peer.py stream \
+        --input "/lk_stream_$label/points" --node "pipeline=/lk_stream_$label" --bag "$bag" --rate 10 \
+        --seconds "${STREAM_SECONDS:-30}" --publisher-qos "$pq" --min-delivered "$min" \
+        --topics voxels voxel_features downsampled | tee "$logdir/peer-stream-$label.log"
+    local rc=${PIPESTATUS[0]}
+    stop_node "$p" 10
+    local src=$?
+    set -e
+    count_peer "$logdir/peer-stream-$label.log" "$rc"
+    check "$src" "stream $label: node stopped cleanly (exit $src)"
+}
+stream defaults best_effort 0.99
+stream reliable reliable 1.0 -p reliable:=true
+
+# 8. An input QoS mismatch (within 5 s) and a silent input, in /diagnostics.
+section "8. QoS mismatch diagnostics"
+start_node pipeline lk_qos "$logdir/qos.log" -r points:=/lk_qos/points -p backend:=cpu -p reliable:=true \
+    -p input_timeout:=2.0
+p=$started_pid
+wait_for_line "$logdir/qos.log" "input '" "$p" 30
+set +e
+"$PY" test/ros/peer.py qos --input /lk_qos/points --node pipeline=/lk_qos | tee "$logdir/peer-qos.log"
+rc=${PIPESTATUS[0]}
+stop_node "$p" 10; src=$?
+set -e
+count_peer "$logdir/peer-qos.log" "$rc"
+grep -q "QoS mismatch on input" "$logdir/qos.log"
+check $? "QoS mismatch in the node's log: $(grep -o 'QoS mismatch on input[^;]*' "$logdir/qos.log" | head -1 | cut -c1-160)"
+
+# 9. SIGINT in the middle of a 1.7 M-point frame (the whole pipeline on the CPU: seconds of FPS).
+section "9. SIGINT during a long frame"
+start_node pipeline lk_big "$logdir/big.log" -r points:=/lk_big/points -p backend:=cpu -p reliable:=true
+p=$started_pid
+wait_for_line "$logdir/big.log" "input '" "$p" 30
+set +e
+"$PY" test/ros/peer.py big --input /lk_big/points --node pipeline=/lk_big --points 1700000 | tee "$logdir/peer-big.log"
+rc=${PIPESTATUS[0]}
+sleep 0.3
+t0=$(date +%s%N)
+stop_node "$p" 10; src=$?
+dt_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+set -e
+count_peer "$logdir/peer-big.log" "$rc"
+[ "$src" = 0 ] && [ "$dt_ms" -lt 1000 ] && grep -q "abandoned" "$logdir/big.log" && ! grep -qi "error" "$logdir/big.log"
+check $? "SIGINT during the 1.7 M-point frame: exit $src after $dt_ms ms, no error: $(grep -o 'stopped:.*' "$logdir/big.log" | head -1)"
 
 echo "ros tests: $passed passed, $failed failed ($(( $(date +%s) - T_START )) s)"
 [ "$failed" = 0 ]

@@ -132,7 +132,7 @@ pub fn fps_enqueue(
             return Err(ParamError::new(
                 "start_index",
                 params.start_index,
-                &format!("< number of points of every non-empty cloud (cloud {b} has {l})"),
+                &format!("must be less than the number of points of every non-empty cloud (cloud {b} has {l})"),
             )
             .into());
         }

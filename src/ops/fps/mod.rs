@@ -139,7 +139,7 @@ pub fn farthest_point_sample_batched(
             return Err(ParamError::new(
                 "start_index",
                 params.start_index,
-                &format!("< number of points of every non-empty cloud (cloud {b} has {l})"),
+                &format!("must be less than the number of points of every non-empty cloud (cloud {b} has {l})"),
             ));
         }
     }
