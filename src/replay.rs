@@ -150,11 +150,18 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} frames {msg}")
             .expect("static template"),
     );
-    let (mut frames, mut skipped, mut box_frames) = (0u64, 0u64, 0u64);
+    let (mut frames, mut skipped, mut box_frames, mut read) = (0u64, 0u64, 0u64, 0u64);
     let _span = tracing::info_span!("replay", bag = %opts.bag.display(), topic = %topic).entered();
     for item in reader.messages(None) {
         let msg = match item {
             Ok(m) => m,
+            // Damage the reader reads around (a bad sqlite page, an unknown MCAP record): one
+            // line, counted, and the messages after it still come.
+            Err(e @ BagError::Skipped { .. }) => {
+                say(&progress, format!("bag: {e}"));
+                skipped += 1;
+                continue;
+            }
             Err(e) => {
                 // A damaged bag ends the stream; what came before it has been processed.
                 say(&progress, format!("bag read stopped: {e}"));
@@ -197,6 +204,7 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
         if msg.topic != topic {
             continue;
         }
+        read += 1;
         progress.inc(1);
         let result = msg
             .expect_type(POINTCLOUD2_TYPE)
@@ -222,6 +230,13 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
         }
     }
     progress.finish_and_clear();
+    // What a damaged bag still gave, against what its metadata.yaml lists.
+    let promised = reader.metadata().and_then(|m| {
+        m.topics_with_message_count.iter().find(|t| t.topic_metadata.name == topic).map(|t| t.message_count)
+    });
+    if let Some(promised) = promised.filter(|&p| p != read) {
+        say(&progress, format!("bag: read {read} of the {promised} messages on {topic} that metadata.yaml lists"));
+    }
     let out_path = out.map(|o| o.writer.finish()).transpose()?;
     let backend = pipeline.engine.describe();
     Ok(ReplaySummary { topic, frames, skipped, box_frames, stats: pipeline.stats, out: out_path, backend })

@@ -529,3 +529,138 @@ fn write_sample_bag_for_python() {
     let bag_dir = sample::write_sample_bag(&out).unwrap();
     println!("SAMPLE_BAG={}", bag_dir.display());
 }
+
+/// Every item of a read: the messages, and the damage lines (`Skipped`) and final error apart.
+fn read_with_damage(path: &Path) -> (Vec<BagMessage>, Vec<String>, Option<BagError>) {
+    let reader = bag::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let (mut got, mut skipped, mut end) = (Vec::new(), Vec::new(), None);
+    for item in reader.messages(None) {
+        match item {
+            Ok(m) => got.push(m),
+            Err(e @ BagError::Skipped { .. }) => skipped.push(e.to_string()),
+            Err(e) => end = Some(e),
+        }
+    }
+    (got, skipped, end)
+}
+
+#[test]
+fn damaged_sqlite3_bag_is_read_row_by_row() {
+    let dir = temp_dir("sqlite_damaged");
+    let db = dir.join("full.db3");
+    let topics = [(1, "/ouster/points", POINTCLOUD2_TYPE)];
+    // 8 messages of 6 KB: each spans pages of its own (4 KB pages), as scans do.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let rows: Vec<(i64, i64, i64, Vec<u8>)> =
+        (0..8i64).map(|i| (i + 1, 1, 1_000 + i * 100, (0..6000).map(|_| rng.random()).collect())).collect();
+    write_db3(&db, &topics, &rows);
+    let bytes = std::fs::read(&db).unwrap();
+    let original = |m: &BagMessage| rows.iter().find(|r| r.2 as u64 == m.log_time_ns).map(|r| &r.3) == Some(&m.data);
+
+    let cut = dir.join("cut.db3");
+    for missing in [1usize, 30, 1000] {
+        std::fs::write(&cut, &bytes[..bytes.len() - missing]).unwrap();
+        let (got, skipped, end) = read_with_damage(&cut);
+        assert!(end.is_none(), "missing {missing}: {end:?}");
+        assert!(got.len() >= 7, "missing {missing}: only {} of 8 recovered ({skipped:?})", got.len());
+        assert!(got.iter().all(original), "missing {missing}: a recovered message differs from what was written");
+        assert!(got.windows(2).all(|w| w[0].log_time_ns < w[1].log_time_ns), "not in timestamp order");
+        if got.len() < 8 {
+            assert!(skipped.iter().any(|s| s.contains("row by row") && s.contains("cut.db3")), "{skipped:?}");
+        }
+        eprintln!("db3 missing its last {missing} bytes: {} of 8 messages, lines {skipped:?}", got.len());
+    }
+    // A page in the middle overwritten: the rows around it are still read.
+    let page = 4096;
+    for p in [3usize, 6] {
+        let mut b = bytes.clone();
+        b[p * page..(p + 1) * page].fill(0xa5);
+        std::fs::write(&cut, &b).unwrap();
+        match bag::open(&cut) {
+            // The page held what every query needs (the schema or the topics table).
+            Err(e) => {
+                assert!(e.to_string().contains("cut.db3"), "{e}");
+                eprintln!("db3 with page {p} overwritten: {e}");
+            }
+            Ok(_) => {
+                let (got, skipped, _) = read_with_damage(&cut);
+                assert!(got.iter().all(original), "page {p}: a recovered message differs");
+                assert!(!got.is_empty(), "page {p}: nothing recovered ({skipped:?})");
+                eprintln!("db3 with page {p} overwritten: {} of 8 messages, lines {skipped:?}", got.len());
+            }
+        }
+    }
+}
+
+#[test]
+fn damaged_mcap_is_read_around_and_up_to_the_cut() {
+    let dir = temp_dir("mcap_damaged");
+    // 8 scans of 50 KB on two topics: a chunk of all of them spans several 128 KB zstd blocks,
+    // the unit a cut zstd stream can still be decoded in.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let msgs: Vec<BagMessage> = (0..8u64)
+        .map(|i| BagMessage {
+            topic: if i % 4 == 3 { "/a".into() } else { "/ouster/points".into() },
+            type_name: if i % 4 == 3 { "test_msgs/msg/Str".into() } else { POINTCLOUD2_TYPE.into() },
+            log_time_ns: 1_000_000_000 + i * 100_000_000,
+            data: (0..50_000).map(|k| if k % 3 == 0 { rng.random() } else { (k % 251) as u8 }).collect(),
+        })
+        .collect();
+    for compress in [false, true] {
+        // One chunk for all: a cut anywhere in it used to lose every message and the topics.
+        let full = dir.join(format!("one_chunk_{compress}.mcap"));
+        let opts = WriterOptions { compress, chunk_size: 1 << 20, ..Default::default() };
+        write_messages(McapBagWriter::create_file_with(&full, opts).unwrap(), &msgs);
+        let bytes = std::fs::read(&full).unwrap();
+        let cut = dir.join("cut.mcap");
+        let (chunk, chunk_len) = largest_chunk(&bytes).expect("a chunk");
+        let mut best = 0;
+        for frac in [0.3, 0.5, 0.7, 0.9] {
+            let len = chunk + (chunk_len as f64 * frac) as usize;
+            std::fs::write(&cut, &bytes[..len]).unwrap();
+            let reader = bag::open(&cut).unwrap();
+            let (got, _, end) = read_with_damage(&cut);
+            // A zstd stream decodes in blocks of up to 128 KB: a cut in the first block loses it.
+            if !compress || !got.is_empty() {
+                assert!(reader.topic(&msgs[0].topic).is_some(), "cut at {len}: topics lost: {:?}", reader.topics());
+            }
+            assert_eq!(got[..], msgs[..got.len()], "cut at {len}: not the written prefix");
+            let end = end.unwrap_or_else(|| panic!("cut at {len}: no error"));
+            assert!(end.to_string().contains("inside the chunk"), "{end}");
+            best = best.max(got.len());
+        }
+        assert!(best >= 4, "compress={compress}: at most {best} of 8 messages recovered from a cut chunk");
+
+        // A chunk opcode byte flipped (0x06 -> 0x66): read as a chunk, and said.
+        let many = dir.join(format!("chunks_{compress}.mcap"));
+        let opts = WriterOptions { compress, chunk_size: 3000, ..Default::default() };
+        write_messages(McapBagWriter::create_file_with(&many, opts).unwrap(), &msgs);
+        let mut b = std::fs::read(&many).unwrap();
+        let (at, _) = largest_chunk(&b).expect("a chunk");
+        b[at] = 0x66;
+        std::fs::write(&cut, &b).unwrap();
+        let (got, skipped, end) = read_with_damage(&cut);
+        assert_eq!(got, msgs, "compress={compress}");
+        assert!(end.is_none(), "{end:?}");
+        assert!(skipped.iter().any(|s| s.contains("0x66") && s.contains("read as one")), "{skipped:?}");
+        // The same record with its body damaged too: skipped, said, the others read.
+        b[at + 9 + 30] ^= 0xff;
+        std::fs::write(&cut, &b).unwrap();
+        let (got, skipped, _) = read_with_damage(&cut);
+        assert!(got.len() < msgs.len() && !got.is_empty(), "{} of {}", got.len(), msgs.len());
+        assert!(skipped.iter().any(|s| s.contains("0x66")), "{skipped:?}");
+    }
+}
+
+/// Offset and length of the largest chunk record (opcode 0x06): one that holds messages.
+fn largest_chunk(b: &[u8]) -> Option<(usize, usize)> {
+    let (mut at, mut best) = (8, None::<(usize, usize)>);
+    while at + 9 <= b.len() {
+        let len = 9 + u64::from_le_bytes(b[at + 1..at + 9].try_into().unwrap()) as usize;
+        if b[at] == 0x06 && best.is_none_or(|(_, l)| len > l) {
+            best = Some((at, len));
+        }
+        at += len;
+    }
+    best
+}

@@ -1,7 +1,12 @@
 //! Streaming MCAP reading through the `mcap` crate's sans-io readers: plain buffered `read` calls
 //! on the file (no mmap), at most one chunk held in memory.
+//!
+//! Damage: a record with an unknown opcode in the data section (a flipped opcode byte) is read as
+//! a chunk when its body is a valid one, else skipped, with a [`BagError::Skipped`] line either
+//! way. A file cut inside a chunk ends with the messages of that chunk that were written out in
+//! full (the compressed stream decoded as far as it goes), then the [`BagError::Corrupt`] line.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
@@ -63,6 +68,8 @@ struct State {
     copy_data: bool,
     /// Messages seen per channel id (used by the topic scan).
     counts: HashMap<u16, u64>,
+    /// Lines about damage read around, not yet reported.
+    skipped: Vec<String>,
 }
 
 enum Step {
@@ -70,6 +77,8 @@ enum Step {
     Message(BagMessage),
     /// A chunk, re-encoded for a reader of its own (see [`guarded_chunk`]).
     Chunk(Vec<u8>),
+    /// Damage read around: what was done.
+    Skipped(String),
     DataEnd,
 }
 
@@ -104,6 +113,16 @@ impl State {
                 })
             }
             Record::Chunk { header, data } => Step::Chunk(guarded_chunk(&header, &data)),
+            Record::Unknown { opcode, data } => match mcap::parse_record(mcap::records::op::CHUNK, &data) {
+                Ok(Record::Chunk { header, data: body }) => {
+                    self.skipped.push(format!("a record with unknown opcode 0x{opcode:02x} is a valid chunk: read as one"));
+                    Step::Chunk(guarded_chunk(&header, &body))
+                }
+                _ => Step::Skipped(format!(
+                    "a record with unknown opcode 0x{opcode:02x} ({} bytes) skipped; messages in it are lost",
+                    data.len()
+                )),
+            },
             // Messages only live in the data section: stop before the summary.
             Record::DataEnd(_) | Record::Footer(_) => Step::DataEnd,
             _ => Step::Nothing,
@@ -150,11 +169,31 @@ pub(crate) struct McapMessages {
     chunk: Option<LinearReader>,
     state: State,
     done: bool,
+    /// Messages recovered from a cut chunk, then the error that ends the file.
+    salvaged: VecDeque<BagMessage>,
+    end: Option<BagError>,
 }
 
 impl McapMessages {
     pub(crate) fn open(path: &Path, filter: Option<&str>) -> Result<Self, BagError> {
-        let (file, size) = open_checked(path)?;
+        let (mut file, size) = open_checked(path)?;
+        // The summary repeats every channel: with them known up front, the messages after a
+        // damaged chunk that held the channel records can still be read.
+        let mut channels = HashMap::new();
+        if let Ok(Some(summary)) = read_summary(&mut file, size) {
+            for (id, c) in &summary.channels {
+                channels.insert(
+                    *id,
+                    ChannelInfo {
+                        topic: c.topic.clone(),
+                        type_name: c.schema.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+                        encoding: c.message_encoding.clone(),
+                        qos: c.metadata.get("offered_qos_profiles").cloned().unwrap_or_default(),
+                    },
+                );
+            }
+        }
+        file.rewind().map_err(|e| BagError::io(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -164,13 +203,51 @@ impl McapMessages {
             chunk: None,
             state: State {
                 schemas: HashMap::new(),
-                channels: HashMap::new(),
+                channels,
                 filter: filter.map(str::to_string),
                 copy_data: true,
                 counts: HashMap::new(),
+                skipped: Vec::new(),
             },
             done: false,
+            salvaged: VecDeque::new(),
+            end: None,
         })
+    }
+
+    fn skipped_line(&self, what: String) -> BagError {
+        BagError::Skipped { path: self.path.clone(), storage: "MCAP", what }
+    }
+
+    /// After the reader failed at the end of a cut file: the messages of the cut record, when it
+    /// is a chunk, queued in front of the final error.
+    fn salvage_tail(&mut self, error: String) {
+        let tail = match last_record(&mut self.file, self.size) {
+            Ok(t) => t,
+            Err(e) => {
+                self.end = Some(corrupt(&self.path, self.fed, self.size, format!("{error} (and {e})")));
+                return;
+            }
+        };
+        let mut note = String::new();
+        if let Some((at, opcode, body)) = tail {
+            if opcode == mcap::records::op::CHUNK {
+                let (records, how) = partial_chunk_records(&body);
+                let before = self.salvaged.len();
+                for (op, data) in records {
+                    match self.state.on_record(op, &data) {
+                        Ok(Step::Message(m)) => self.salvaged.push_back(m),
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+                note = format!(
+                    "; the file ends inside the chunk at byte {at}: {} complete messages recovered from it ({how})",
+                    self.salvaged.len() - before
+                );
+            }
+        }
+        self.end = Some(corrupt(&self.path, self.fed, self.size, format!("{error}{note}")));
     }
 
     fn fail(&mut self, reason: impl ToString) -> Option<Result<BagMessage, BagError>> {
@@ -181,6 +258,16 @@ impl McapMessages {
     /// The next message passing the topic filter; after an error, `None`.
     pub(crate) fn next_message(&mut self) -> Option<Result<BagMessage, BagError>> {
         loop {
+            if !self.state.skipped.is_empty() {
+                let what = self.state.skipped.remove(0);
+                return Some(Err(self.skipped_line(what)));
+            }
+            if let Some(m) = self.salvaged.pop_front() {
+                return Some(Ok(m));
+            }
+            if let Some(e) = self.end.take() {
+                return Some(Err(e));
+            }
             if self.done {
                 return None;
             }
@@ -203,6 +290,12 @@ impl McapMessages {
                     None => {
                         self.done = true;
                         return None;
+                    }
+                    // Cut inside a record: what the cut record still holds comes first.
+                    Some(Err(e)) if self.fed >= self.size => {
+                        self.done = true;
+                        self.salvage_tail(e.to_string());
+                        continue;
                     }
                     Some(Err(e)) => return self.fail(e),
                     Some(Ok(LinearReadEvent::ReadRequest(need))) => {
@@ -227,6 +320,7 @@ impl McapMessages {
             match step {
                 Err(reason) => return self.fail(reason),
                 Ok(Step::Nothing) => {}
+                Ok(Step::Skipped(what)) => return Some(Err(self.skipped_line(what))),
                 Ok(Step::Message(m)) => return Some(Ok(m)),
                 Ok(Step::Chunk(bytes)) => {
                     let mut chunk = LinearReader::new_with_options(
@@ -319,4 +413,113 @@ fn read_summary(file: &mut File, size: u64) -> Result<Option<mcap::Summary>, Box
         }
     }
     Ok(reader.finish())
+}
+
+/// The record the file ends inside: walks the record headers of the data section (seeking over
+/// bodies) and returns (offset, opcode, the bytes of its body that exist), or `None` when the cut
+/// falls between records.
+fn last_record(file: &mut File, size: u64) -> std::io::Result<Option<(u64, u8, Vec<u8>)>> {
+    let mut at = MAGIC.len() as u64;
+    let mut head = [0u8; 9];
+    while at + 9 <= size {
+        file.seek(std::io::SeekFrom::Start(at))?;
+        file.read_exact(&mut head)?;
+        let len = u64::from_le_bytes(head[1..9].try_into().expect("8 bytes"));
+        let end = (at + 9).saturating_add(len);
+        if end > size {
+            let mut body = Vec::new();
+            file.take((size - at - 9).min(RECORD_LIMIT as u64)).read_to_end(&mut body)?;
+            return Ok(Some((at, head[0], body)));
+        }
+        at = end;
+    }
+    Ok(None)
+}
+
+/// The complete records inside the start of a chunk body that was cut off: its header, then its
+/// records, decompressed (zstd, lz4) as far as the stream goes. Returns them and how it went.
+fn partial_chunk_records(body: &[u8]) -> (Vec<(u8, Vec<u8>)>, String) {
+    let mut r = body;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (a, b) = (r.get(..n)?, r.get(n..)?);
+        r = b;
+        Some(a)
+    };
+    let header = (|| {
+        take(8 + 8 + 8 + 4)?;
+        let clen = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let compression = String::from_utf8_lossy(take(clen)?).into_owned();
+        take(8)?;
+        Some(compression)
+    })();
+    let Some(compression) = header else { return (Vec::new(), "its header is cut".into()) };
+    let mut plain = Vec::new();
+    let decoded = match compression.as_str() {
+        "" => {
+            plain.extend_from_slice(r);
+            Ok(())
+        }
+        "zstd" => zstd_prefix(r, &mut plain),
+        "lz4" => lz4::Decoder::new(r).and_then(|mut d| read_prefix(&mut d, &mut plain)),
+        other => return (Vec::new(), format!("unknown compression '{other}'")),
+    };
+    let mut records = Vec::new();
+    let mut rest = &plain[..];
+    while rest.len() >= 9 {
+        let len = u64::from_le_bytes(rest[1..9].try_into().expect("8 bytes"));
+        let Some(end) = usize::try_from(len).ok().and_then(|l| l.checked_add(9)).filter(|&e| e <= rest.len()) else {
+            break;
+        };
+        records.push((rest[0], rest[9..end].to_vec()));
+        rest = &rest[end..];
+    }
+    let how = match (compression.as_str(), decoded) {
+        ("", _) => format!("{} of its bytes are there", body.len()),
+        (c, Ok(())) => format!("{c} stream decoded to {} bytes", plain.len()),
+        (c, Err(e)) => format!("{c} stream decoded to {} bytes before '{e}'", plain.len()),
+    };
+    (records, how)
+}
+
+/// Decodes a zstd stream that may be cut, block by block, as far as it goes (the `Read` adapter
+/// gives nothing back once it meets the cut).
+fn zstd_prefix(input: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+    let mut decoder = Decoder::new()?;
+    let mut input = InBuffer::around(input);
+    let mut buf = vec![0u8; 128 << 10];
+    loop {
+        let mut output = OutBuffer::around(&mut buf[..]);
+        let hint = decoder.run(&mut input, &mut output)?;
+        let n = output.pos();
+        if out.len() + n > RECORD_LIMIT {
+            return Err(std::io::Error::other("chunk larger than the record limit"));
+        }
+        out.extend_from_slice(&buf[..n]);
+        if hint == 0 {
+            return Ok(());
+        }
+        if n == 0 && input.pos() == input.src.len() {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "cut zstd stream"));
+        }
+    }
+}
+
+/// Reads `from` into `out` until it ends or fails (a cut stream fails at the cut), bounded by
+/// [`RECORD_LIMIT`].
+fn read_prefix(from: &mut impl Read, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                if out.len() + n > RECORD_LIMIT {
+                    return Err(std::io::Error::other("chunk larger than the record limit"));
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }

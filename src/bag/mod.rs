@@ -112,6 +112,9 @@ pub enum BagError {
     /// A truncated or damaged file. `offset` is how far into the file reading got.
     #[error("{}: corrupt or truncated {storage} file (read {offset} of {size} bytes): {reason}", .path.display())]
     Corrupt { path: PathBuf, storage: &'static str, offset: u64, size: u64, reason: String },
+    /// Damage read around, not the end of the messages: what was skipped and what is read instead.
+    #[error("{}: damaged {storage} file: {what}", .path.display())]
+    Skipped { path: PathBuf, storage: &'static str, what: String },
     #[error("{}: sqlite3: {source}", .path.display())]
     Sqlite {
         path: PathBuf,

@@ -225,7 +225,8 @@ impl BagReader {
     /// Streams the messages of every file in order (file order within a file: MCAP record order,
     /// sqlite3 `(timestamp, id)`), only those on `topic` when given. An unknown topic yields one
     /// [`BagError::TopicNotFound`]; a damaged file yields the messages before the damage and then
-    /// one [`BagError::Corrupt`]. The iterator ends after any error.
+    /// one [`BagError::Corrupt`], after which the iterator ends, or, where the reader can read
+    /// around the damage, a [`BagError::Skipped`] line and then the messages recovered after it.
     pub fn messages(&self, topic: Option<&str>) -> Messages<'_> {
         let pending = topic.and_then(|t| self.require_topic(t).err());
         Messages::new(self, topic, pending)
@@ -297,6 +298,8 @@ impl Iterator for Messages<'_> {
             };
             match item {
                 None => self.current = None,
+                // Damage read around: reported, and the stream goes on.
+                Some(Err(e @ BagError::Skipped { .. })) => return Some(Err(e)),
                 Some(Err(e)) => {
                     self.done = true;
                     return Some(Err(e));

@@ -3,8 +3,9 @@
 //! peers, and a silent input while a publisher exists.
 //!
 //! r2r 0.9.7 exposes neither rcl's QoS events (message lost, incompatible QoS) nor the
-//! subscriptions of a topic, so the node reads the input's publishers from the graph and applies
-//! DDS's request/offer rules to each. The outputs are not checked (no subscription list in r2r).
+//! subscriptions of a topic, so the node reads the graph itself (the input's publishers through
+//! r2r, the outputs' subscriptions through [`super::graph::GraphProbe`]) and applies DDS's
+//! request/offer rules to each pair.
 
 use std::collections::VecDeque;
 

@@ -2,20 +2,25 @@
 //!
 //! A node is a stage function, `(validated PointCloud2) -> Vec<(topic, CDR bytes)>`, plus stats:
 //! - input: a raw (CDR) PointCloud2 subscription on `points`, sensor-data QoS (best effort, keep
-//!   last 1) unless `reliable:=true`; decoded without copying the point blob;
+//!   last 5) unless `reliable:=true`; decoded without copying the point blob; Fast DDS given the
+//!   package's large-cloud profile unless the environment names one;
 //! - a bounded latest-wins queue: when clouds arrive faster than processed, the oldest waiting is
 //!   dropped and counted; processing runs on its own thread, never on the executor;
 //! - outputs: raw publishers (`publish_raw` of CDR the stage encodes, e.g. `PointCloud2::to_cdr`);
 //! - /diagnostics (diagnostic_msgs/DiagnosticArray) every second: the node's counters (received,
 //!   processed, dropped, malformed by kind, errors, timings) and the stage's key/values;
-//! - declared parameters with descriptions and ranges (r2r's parameter services), `use_sim_time`;
+//! - declared parameters with descriptions, ranges and read-only flags, served by [`params`]
+//!   (every set validated by the stage first), `use_sim_time`;
+//! - the links watched ([`link`]): clouds lost before the node (header-stamp gaps), QoS mismatches
+//!   on the input and the outputs, a silent input that has a publisher: WARN in /diagnostics;
 //! - malformed clouds (bad CDR, missing x/y/z, a field past point_step, data shorter than the
 //!   points) are counted and logged at most once per `malformed_log_period`; the node goes on;
-//! - Ctrl-C / SIGTERM: the processing thread finishes its cloud, the node stops cleanly.
+//! - Ctrl-C / SIGTERM: stop within 0.3 s; a frame still running then is abandoned.
 //!
 //! The five executables (`src/bin/`) run [`PipelineStage`] with a [`NodeKind`]: the library
 //! pipeline with the stages of that node, its configuration keys declared as dotted parameters.
 
+mod graph;
 pub mod link;
 mod node;
 mod params;

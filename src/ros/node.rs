@@ -3,8 +3,9 @@
 //! ```text
 //!  DDS --raw CDR--> r2r subscription --(executor task: push, never blocks)--> LatestQueue
 //!  LatestQueue --(processing thread)--> decode + validate --> Stage::process --> publish_raw
-//!  1 s wall timer --> /diagnostics (counters + Stage::stats), stamped with the ROS clock
-//!  spin thread: Node::spin_once; parameter services on the tokio runtime; Ctrl-C / SIGTERM: clean stop
+//!  1 s wall timer --> /diagnostics (counters, link health, Stage::stats), stamped with the ROS clock
+//!  spin thread: Node::spin_once, and once a second the graph (input publishers, output subscriptions)
+//!  parameter services on the tokio runtime; Ctrl-C / SIGTERM: stop within SHUTDOWN_GRACE
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,6 +18,7 @@ use anyhow::{anyhow, Context as _};
 use futures::StreamExt;
 use r2r::QosProfile;
 
+use super::graph::GraphProbe;
 use super::link::{cdr_stamp_ns, describe_qos, incompatibility, resolve_topic, StampGaps};
 use super::params::{self, ParamTable};
 use super::queue::{LatestQueue, Pop};
@@ -269,6 +271,20 @@ struct LinkState {
     /// Problems found this period, each one sentence (QoS mismatch, silent input, lost clouds).
     problems: Vec<String>,
     input_publishers: Vec<String>,
+    output_mismatches: u64,
+}
+
+/// What the spin thread last read from the graph.
+#[derive(Clone)]
+struct GraphView {
+    input_publishers: Result<Vec<(String, QosProfile)>, String>,
+    output_subscriptions: Vec<(String, Vec<(String, QosProfile)>)>,
+}
+
+impl Default for GraphView {
+    fn default() -> Self {
+        Self { input_publishers: Ok(Vec::new()), output_subscriptions: Vec::new() }
+    }
 }
 
 /// Fast DDS reads its XML profile once, when the first participant is created: point it at the
@@ -302,6 +318,7 @@ fn use_large_cloud_dds_profile() -> Option<String> {
 }
 
 async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyhow::Result<()> {
+    let mut stop = StopSignals::register()?;
     let ctx = r2r::Context::create().map_err(|e| anyhow!("rcl init failed: {e} (is HOME or ROS_LOG_DIR set?)"))?;
     let mut node =
         r2r::Node::create(ctx, stage.name(), "").map_err(|e| anyhow!("creating node '{}': {e}", stage.name()))?;
@@ -378,22 +395,35 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     let gaps = Arc::new(Mutex::new(StampGaps::default()));
     let last_received = Arc::new(Mutex::new(None::<Instant>));
 
-    // Spin thread: the only place that touches the node from now on. Between spins it reads the
-    // input's publishers from the graph (once a second) for the diagnostics task.
-    let input_publishers = Arc::new(Mutex::new(Ok(Vec::new())));
+    // Spin thread: the only place that touches the node from now on. Between spins, once a
+    // second, it reads from the graph the input's publishers and the outputs' subscriptions.
+    let graph = Arc::new(Mutex::new(GraphView::default()));
     let spin = {
-        let (shutdown, publishers, topic) = (shutdown.clone(), input_publishers.clone(), input_resolved.clone());
+        let (shutdown, graph, input, outputs) = (shutdown.clone(), graph.clone(), input_resolved.clone(), output_resolved.clone());
+        let probe = GraphProbe::new(&format!("{node_name}_graph"));
+        if let Err(e) = &probe {
+            r2r::log_warn!(&logger, "graph probe unavailable, output QoS mismatches will not be reported: {e}");
+        }
         std::thread::Builder::new().name("ros-spin".into()).spawn(move || {
+            let probe = probe.ok();
             let mut queried: Option<Instant> = None;
             while !shutdown.load(Ordering::Relaxed) {
                 node.spin_once(Duration::from_millis(20));
-                if queried.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    let found = node
-                        .get_publishers_info_by_topic(&topic, false)
-                        .map(|v| v.into_iter().map(|p| (format!("{}/{}", p.node_namespace.trim_end_matches('/'), p.node_name), p.qos_profile)).collect());
-                    *publishers.lock().unwrap_or_else(|e| e.into_inner()) = found;
-                    queried = Some(Instant::now());
+                if queried.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                    continue;
                 }
+                let endpoint = |ns: &str, name: &str| format!("{}/{name}", ns.trim_end_matches('/'));
+                let view = GraphView {
+                    input_publishers: node
+                        .get_publishers_info_by_topic(&input, false)
+                        .map(|v| v.into_iter().map(|p| (endpoint(&p.node_namespace, &p.node_name), p.qos_profile)).collect())
+                        .map_err(|e| e.to_string()),
+                    output_subscriptions: probe.as_ref().map_or_else(Vec::new, |probe| {
+                        outputs.iter().map(|t| (t.clone(), probe.subscriptions(t).unwrap_or_default())).collect()
+                    }),
+                };
+                *graph.lock().unwrap_or_else(|e| e.into_inner()) = view;
+                queried = Some(Instant::now());
             }
             node
         })?
@@ -423,7 +453,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
             .spawn(move || process_loop(stage, queue, stats, table, publishers, logger, params))?
     };
 
-    // Diagnostics, with the check of the input's publishers.
+    // Diagnostics, with the QoS checks against what the spin thread read from the graph.
     let diagnostics = {
         let (queue, stats, fqn, logger) = (queue.clone(), stats.clone(), fqn.clone(), logger.clone());
         let snapshot = table.lock().unwrap().snapshot();
@@ -441,7 +471,8 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                 tick.tick().await;
                 let input_timeout = table.lock().map(|t| t.snapshot().double("input_timeout").unwrap_or(3.0)).unwrap_or(3.0);
                 let mut link = LinkState::default();
-                match &*input_publishers.lock().unwrap_or_else(|e| e.into_inner()) {
+                let view = graph.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                match &view.input_publishers {
                     Ok(pubs) => {
                         for (node, q) in pubs {
                             let who = format!("{node} ({})", describe_qos(q));
@@ -452,6 +483,18 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                         }
                     }
                     Err(e) => link.problems.push(format!("graph query for '{input_resolved}' failed: {e}")),
+                }
+                for (topic, subs) in &view.output_subscriptions {
+                    for (node, q) in subs {
+                        if let Some(why) = incompatibility(q, &out_qos) {
+                            link.output_mismatches += 1;
+                            link.problems.push(format!(
+                                "QoS mismatch on output '{topic}': {why} ({node} asks {}, this node offers {})",
+                                describe_qos(q),
+                                describe_qos(&out_qos)
+                            ));
+                        }
+                    }
                 }
                 let since = last_received.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(started).elapsed();
                 if !link.input_publishers.is_empty() && since.as_secs_f64() > input_timeout {
@@ -499,6 +542,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                 kv.push(("input_publishers".into(), link.input_publishers.join("; ")));
                 kv.push(("seconds_since_last_cloud".into(), format!("{:.1}", since.as_secs_f64())));
                 kv.push(("output_qos".into(), describe_qos(&out_qos)));
+                kv.push(("output_qos_mismatches".into(), link.output_mismatches.to_string()));
                 let values = kv.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
                 let msg = DiagnosticArray {
                     header: r2r::std_msgs::msg::Header { stamp: r2r::Clock::to_builtin_time(&now), frame_id: String::new() },
@@ -509,7 +553,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
         })
     };
 
-    wait_for_shutdown_signal().await;
+    stop.wait().await;
     r2r::log_info!(&logger, "shutting down");
     shutdown.store(true, Ordering::Relaxed);
     queue.close();
@@ -549,17 +593,26 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
 /// How long a stop waits for the frame in progress before abandoning it.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(300);
 
-async fn wait_for_shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+/// SIGINT and SIGTERM, registered before anything else so that a signal arriving during start-up
+/// (a launch file stopping the node at once) is kept and acted on, not lost.
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn register() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
     }
 }

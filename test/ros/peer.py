@@ -17,8 +17,8 @@ Modes:
             here and the node's receive_to_publish / process times from /diagnostics as JSON.
   stream    The sample's scans at --rate Hz for --seconds (--publisher-qos reliable | best_effort):
             delivered / sent to the node, and every processed scan's outputs received here.
-  qos       A best-effort publisher against the node's reliable input: a WARN in /diagnostics
-            naming the mismatch, then one naming the silent publisher.
+  qos       A best-effort publisher against the node's reliable input, a reliable subscriber of
+            its best-effort output, a silent publisher: each a WARN in /diagnostics naming it.
   big       One --points random cloud; returns when the node has received it.
 
 Never sleeps for discovery: waits until the publisher sees the subscriptions and outputs arrive.
@@ -543,21 +543,34 @@ def run_stream(peer, args):
 
 
 def run_qos(peer, args):
-    """A best-effort publisher against the node's reliable input: a WARN naming the mismatch in
-    /diagnostics within 5 s; then a silent input with a publisher: a WARN naming its QoS."""
+    """A best-effort publisher against the node's reliable input, then a reliable subscriber of its
+    best-effort output: each a WARN naming the mismatch in /diagnostics within 5 s; then the silent
+    input (a publisher, no cloud): a WARN naming the publisher."""
     kind, fqn = peer.nodes[0]
     be = QoSProfile(depth=5, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST)
-    t0 = time.monotonic()
     start = len(peer.diags.get(fqn, []))
+
+    def warned(pattern, since):
+        return next((m for lvl, m, _ in peer.diags.get(fqn, [])[since:] if lvl in (1, 2, b'\x01', b'\x02') and pattern in m), None)
+
     pub = peer.create_publisher(PointCloud2, args.input, be)
-    warned = lambda pattern: any(lvl in (1, 2, b'\x01', b'\x02') and pattern in m for lvl, m, _ in peer.diags.get(fqn, [])[start:])
-    ok = peer.spin_until(lambda: warned('QoS mismatch on input'), 10.0)
-    dt = time.monotonic() - t0
-    msg = next((m for _, m, _ in peer.diags.get(fqn, [])[start:] if 'QoS mismatch on input' in m), '')
-    peer.check(ok and dt <= 5.0 and 'best effort' in msg, f'best-effort publisher vs the reliable input: WARN after {dt:.1f} s: {msg[:220]!r}')
-    ok = peer.spin_until(lambda: warned('no cloud on'), 15.0)
-    msg = next((m for _, m, _ in peer.diags.get(fqn, [])[start:] if 'no cloud on' in m), '')
-    peer.check(ok and 'publisher' in msg, f'silent input with a publisher reported: {msg[-220:]!r}')
+    for what, pattern, make in [
+            ('best-effort publisher vs the reliable input', 'QoS mismatch on input', None),
+            ('reliable subscriber vs the best-effort output', 'QoS mismatch on output',
+             lambda: peer.create_subscription(PointCloud2, f'{fqn}/{TOPICS[kind][0]}', lambda m: None, peer.qos))]:
+        since = len(peer.diags.get(fqn, []))
+        t0 = time.monotonic()
+        if make:
+            make()
+        ok = peer.spin_until(lambda: warned(pattern, since) is not None, 10.0)
+        dt = time.monotonic() - t0
+        msg = warned(pattern, since) or ''
+        i = msg.find(pattern)
+        peer.check(ok and dt <= 5.0, f'{what}: WARN after {dt:.1f} s: {msg[i:i + 200]!r}')
+    ok = peer.spin_until(lambda: warned('no cloud on', start) is not None, 15.0)
+    msg = warned('no cloud on', start) or ''
+    i = msg.find('no cloud on')
+    peer.check(ok and 'publisher' in msg, f'silent input with a publisher reported: {msg[i:i + 200]!r}')
     peer.destroy_publisher(pub)
 
 

@@ -13,7 +13,7 @@
 #     auto -> cpu here); backend cuda refused with a clear message;
 #  6. every executable starts and stops cleanly; bad parameters refused at start naming the key;
 #  7. 10 Hz of 107k-point scans for 30 s, best effort (node defaults) and reliable: delivered / sent;
-#  8. an input QoS mismatch and a silent input as WARNs in /diagnostics (the mismatch within 5 s);
+#  8. QoS mismatches (input and output) within 5 s and a silent input as WARNs in /diagnostics;
 #  9. SIGINT in the middle of a 1.7 M-point frame: exit 0 within 1 s.
 #
 #   bash test/ros/run.sh           SKIP_UNIT=1 skips the cargo unit tests
@@ -49,6 +49,11 @@ count_peer() { # count_peer LOG RC: adds the peer's 'N passed, N failed'
     passed=$((passed + ${p:-0}))
     failed=$((failed + ${f:-0}))
     [ "$2" = 0 ] || [ "${f:-0}" != 0 ] || { echo "FAIL peer exited $2 ($1)"; failed=$((failed + 1)); }
+}
+run_peer() { # run_peer LOG SCRIPT ARGS...: a Python check, its output also in LOG, its counts added
+    local log=$1; shift
+    { "$PY" "$@"; echo $? >"$log.rc"; } | tee "$log"
+    count_peer "$log" "$(cat "$log.rc")"
 }
 
 t0=$(date +%s)
@@ -105,11 +110,7 @@ start_node() { # start_node BIN NAME LOG ARGS... ; sets $started_pid
 
 # 1. Launch files and params files.
 section "1. launch and params files"
-set +e
-"$PY" test/ros/check_launch.py --bindir "$bindir" | tee "$logdir/check_launch.log"
-rc=${PIPESTATUS[0]}
-set -e
-count_peer "$logdir/check_launch.log" "$rc"
+run_peer "$logdir/check_launch.log" test/ros/check_launch.py --bindir "$bindir"
 
 # 2. Expected outputs from the replay CLI (same scans, same configuration, CPU backend).
 section "2. expected outputs (replay)"
@@ -132,22 +133,19 @@ for b in pipeline voxelizer sampler neighbors; do
     node_args+=(--node "$b=/lk_$b")
 done
 for b in pipeline voxelizer sampler neighbors; do
-    wait_for_line "$logdir/$b.log" "input '" "${npid[$b]}" 30
-    check $? "$b started ($(grep -o 'backend: .*' "$logdir/$b.log" | head -1))"
+    wait_for_line "$logdir/$b.log" "input '" "${npid[$b]}" 30 && rc=0 || rc=$?
+    check $rc "$b started ($(grep -o 'backend: .*' "$logdir/$b.log" | head -1))"
 done
-set +e
-"$PY" test/ros/peer.py outputs --input /lk_test/points "${node_args[@]}" --bag "$bag" --expected "$work/expected" \
-    | tee "$logdir/peer-outputs.log"
-rc=${PIPESTATUS[0]}
-set -e
-count_peer "$logdir/peer-outputs.log" "$rc"
+run_peer "$logdir/peer-outputs.log" test/ros/peer.py outputs --input /lk_test/points "${node_args[@]}" --bag "$bag" \
+    --expected "$work/expected"
 for b in pipeline voxelizer sampler neighbors; do
-    kill -0 "${npid[$b]}" 2>/dev/null
-    check $? "$b survived the peer"
+    kill -0 "${npid[$b]}" 2>/dev/null && rc=0 || rc=$?
+    check $rc "$b survived the peer"
 done
 n_warn=$(grep -c "malformed PointCloud2" "$logdir/pipeline.log" || true)
-[ "$n_warn" -ge 1 ] && [ "$n_warn" -le 4 ]
-check $? "malformed clouds logged, rate-limited ($n_warn log lines for 4 clouds)"
+ok=0
+[ "$n_warn" -ge 1 ] && [ "$n_warn" -le 4 ] || ok=1
+check "$ok" "malformed clouds logged, rate-limited ($n_warn log lines for 4 clouds)"
 for b in pipeline voxelizer sampler neighbors; do
     set +e; stop_node "${npid[$b]}" 10; rc=$?; set -e
     check "$rc" "$b stopped cleanly on SIGINT (exit $rc): $(grep -o 'stopped:.*' "$logdir/$b.log" | head -1)"
@@ -157,14 +155,10 @@ done
 section "4. nms"
 start_node nms lk_nms "$logdir/nms.log" -p reliable:=true -p output_depth:=10 -p backend:=cpu -r boxes_in:=/lk_test/boxes
 p=$started_pid
-wait_for_line "$logdir/nms.log" "input '" "$p" 30
-check $? "nms started"
-set +e
-"$PY" test/ros/peer.py nms --input /lk_test/boxes --node nms=/lk_nms | tee "$logdir/peer-nms.log"
-rc=${PIPESTATUS[0]}
-stop_node "$p" 10; src=$?
-set -e
-count_peer "$logdir/peer-nms.log" "$rc"
+wait_for_line "$logdir/nms.log" "input '" "$p" 30 && rc=0 || rc=$?
+check $rc "nms started"
+run_peer "$logdir/peer-nms.log" test/ros/peer.py nms --input /lk_test/boxes --node nms=/lk_nms
+stop_node "$p" 10 && src=0 || src=$?
 check "$src" "nms stopped cleanly on SIGINT (exit $src)"
 
 # 5. Params files: each accepted at start by pipeline and nms (backend auto falls back to cpu here).
@@ -180,20 +174,16 @@ for f in config/*.param.yaml; do
         diag_nodes+=(--node "$b=/lk_pf_$n/$b")
     done
 done
-set +e
-"$PY" test/ros/peer.py diag "${diag_nodes[@]}" --expect backend=cpu --label "params file" --timeout 30 \
-    | tee "$logdir/peer-paramfiles.log"
-rc=${PIPESTATUS[0]}
-set -e
-count_peer "$logdir/peer-paramfiles.log" "$rc"
+run_peer "$logdir/peer-paramfiles.log" test/ros/peer.py diag "${diag_nodes[@]}" --expect backend=cpu \
+    --label "params file" --timeout 30
 for p in "${pf_pids[@]}"; do
     set +e; stop_node "$p" 10; rc=$?; set -e
     [ "$rc" = 0 ] || { echo "FAIL a params-file node (pid $p) did not stop cleanly (exit $rc)"; failed=$((failed + 1)); }
 done
-! grep -l "not declared" "$logdir"/pf-*.log
-check $? "no node warns 'not declared' with the shipped params files"
-grep -l "auto: no usable CUDA" "$logdir"/pf-pipeline-*.log >/dev/null
-check $? "backend auto falls back to the CPU with a log line: $(grep -ho 'backend: cpu.*' "$logdir"/pf-pipeline-orin.log | head -1)"
+! grep -l "not declared" "$logdir"/pf-*.log && rc=0 || rc=$?
+check $rc "no node warns 'not declared' with the shipped params files"
+grep -l "auto: no usable CUDA" "$logdir"/pf-pipeline-*.log >/dev/null && rc=0 || rc=$?
+check $rc "backend auto falls back to the CPU with a log line: $(grep -ho 'backend: cpu.*' "$logdir"/pf-pipeline-orin.log | head -1)"
 
 expect_refused() { # expect_refused LABEL PATTERN BIN ARGS...
     local label=$1 pat=$2 b=$3; shift 3
@@ -202,8 +192,9 @@ expect_refused() { # expect_refused LABEL PATTERN BIN ARGS...
     timeout 30 "$bindir/$b" --ros-args -r __node:="lk_refused_$label" "$@" >"$log" 2>&1
     rc=$?
     set -e
-    [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q -- "$pat" "$log"
-    check $? "$label refused at start (exit $rc): $(grep -o -- "error: .*" "$log" | head -1 | cut -c1-220)"
+    local ok=0
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q -- "$pat" "$log" || ok=1
+    check "$ok" "$label refused at start (exit $rc): $(grep -o -- "error: .*" "$log" | head -1 | cut -c1-220)"
 }
 expect_refused backend_cuda "parameter 'backend' = 'cuda'" pipeline --params-file config/orin.param.yaml -p backend:=cuda
 
@@ -213,11 +204,12 @@ for b in "${BINS[@]}"; do
     log="$logdir/start-$b.log"
     start_node "$b" "lk_start_$b" "$log"
     p=$started_pid
-    wait_for_line "$log" "input '" "$p" 30
-    started=$?
+    started=0
+    wait_for_line "$log" "input '" "$p" 30 || started=1
     set +e; stop_node "$p" 10; rc=$?; set -e
-    [ "$started" = 0 ] && [ "$rc" = 0 ]
-    check $? "$b starts and stops cleanly (exit $rc)"
+    ok=0
+    [ "$started" = 0 ] && [ "$rc" = 0 ] || ok=1
+    check "$ok" "$b starts and stops cleanly (exit $rc)"
 done
 expect_refused queue_size "outside" voxelizer -p queue_size:=0
 expect_refused max_voxels "voxelize.max_voxels" voxelizer -p voxelize.max_voxels:=0
@@ -237,53 +229,42 @@ stream() { # stream LABEL PUBLISHER_QOS MIN_DELIVERED NODE_ARGS...
     start_node pipeline "lk_stream_$label" "$logdir/stream-$label.log" -r points:="/lk_stream_$label/points" \
         -p backend:=cpu -p fps.enabled:=false -p neighbors.enabled:=false "$@"
     local p=$started_pid
-    wait_for_line "$logdir/stream-$label.log" "input '" "$p" 30
-    set +e
-    FASTRTPS_DEFAULT_PROFILES_FILE="$root/config/fastdds_large_clouds.xml" "$PY" test/ros/peer.py stream \
-        --input "/lk_stream_$label/points" --node "pipeline=/lk_stream_$label" --bag "$bag" --rate 10 \
-        --seconds "${STREAM_SECONDS:-30}" --publisher-qos "$pq" --min-delivered "$min" \
-        --topics voxels voxel_features downsampled | tee "$logdir/peer-stream-$label.log"
-    local rc=${PIPESTATUS[0]}
-    stop_node "$p" 10
-    local src=$?
-    set -e
-    count_peer "$logdir/peer-stream-$label.log" "$rc"
+    wait_for_line "$logdir/stream-$label.log" "input '" "$p" 30 || check 1 "node started ($logdir/stream-$label.log)"
+    FASTRTPS_DEFAULT_PROFILES_FILE="$root/config/fastdds_large_clouds.xml" run_peer "$logdir/peer-stream-$label.log" \
+        test/ros/peer.py stream --input "/lk_stream_$label/points" --node "pipeline=/lk_stream_$label" --bag "$bag" \
+        --rate 10 --seconds "${STREAM_SECONDS:-30}" --publisher-qos "$pq" --min-delivered "$min" \
+        --topics voxels voxel_features downsampled
+    local src=0
+    stop_node "$p" 10 || src=$?
     check "$src" "stream $label: node stopped cleanly (exit $src)"
 }
 stream defaults best_effort 0.99
 stream reliable reliable 1.0 -p reliable:=true
 
-# 8. An input QoS mismatch (within 5 s) and a silent input, in /diagnostics.
+# 8. QoS mismatches, the input's and an output's (within 5 s), and a silent input, in /diagnostics.
 section "8. QoS mismatch diagnostics"
 start_node pipeline lk_qos "$logdir/qos.log" -r points:=/lk_qos/points -p backend:=cpu -p reliable:=true \
-    -p input_timeout:=2.0
+    -p output_reliable:=false -p input_timeout:=2.0 -p malformed_log_period:=1.0
 p=$started_pid
-wait_for_line "$logdir/qos.log" "input '" "$p" 30
-set +e
-"$PY" test/ros/peer.py qos --input /lk_qos/points --node pipeline=/lk_qos | tee "$logdir/peer-qos.log"
-rc=${PIPESTATUS[0]}
-stop_node "$p" 10; src=$?
-set -e
-count_peer "$logdir/peer-qos.log" "$rc"
-grep -q "QoS mismatch on input" "$logdir/qos.log"
-check $? "QoS mismatch in the node's log: $(grep -o 'QoS mismatch on input[^;]*' "$logdir/qos.log" | head -1 | cut -c1-160)"
+wait_for_line "$logdir/qos.log" "input '" "$p" 30 || check 1 "node started ($logdir/qos.log)"
+run_peer "$logdir/peer-qos.log" test/ros/peer.py qos --input /lk_qos/points --node pipeline=/lk_qos
+stop_node "$p" 10 && src=0 || src=$?
+grep -q "QoS mismatch on input" "$logdir/qos.log" && grep -q "QoS mismatch on output" "$logdir/qos.log" && rc=0 || rc=$?
+check $rc "QoS mismatches in the node's log: $(grep -o 'QoS mismatch on output[^;]*' "$logdir/qos.log" | head -1 | cut -c1-200)"
 
 # 9. SIGINT in the middle of a 1.7 M-point frame (the whole pipeline on the CPU: seconds of FPS).
 section "9. SIGINT during a long frame"
 start_node pipeline lk_big "$logdir/big.log" -r points:=/lk_big/points -p backend:=cpu -p reliable:=true
 p=$started_pid
-wait_for_line "$logdir/big.log" "input '" "$p" 30
-set +e
-"$PY" test/ros/peer.py big --input /lk_big/points --node pipeline=/lk_big --points 1700000 | tee "$logdir/peer-big.log"
-rc=${PIPESTATUS[0]}
+wait_for_line "$logdir/big.log" "input '" "$p" 30 || check 1 "node started ($logdir/big.log)"
+run_peer "$logdir/peer-big.log" test/ros/peer.py big --input /lk_big/points --node pipeline=/lk_big --points 1700000
 sleep 0.3
 t0=$(date +%s%N)
-stop_node "$p" 10; src=$?
+stop_node "$p" 10 && src=0 || src=$?
 dt_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-set -e
-count_peer "$logdir/peer-big.log" "$rc"
-[ "$src" = 0 ] && [ "$dt_ms" -lt 1000 ] && grep -q "abandoned" "$logdir/big.log" && ! grep -qi "error" "$logdir/big.log"
-check $? "SIGINT during the 1.7 M-point frame: exit $src after $dt_ms ms, no error: $(grep -o 'stopped:.*' "$logdir/big.log" | head -1)"
+ok=0
+[ "$src" = 0 ] && [ "$dt_ms" -lt 1000 ] && grep -q "abandoned" "$logdir/big.log" && ! grep -qi "error" "$logdir/big.log" || ok=1
+check "$ok" "SIGINT during the 1.7 M-point frame: exit $src after $dt_ms ms, no error: $(grep -o 'stopped:.*' "$logdir/big.log" | head -1)"
 
 echo "ros tests: $passed passed, $failed failed ($(( $(date +%s) - T_START )) s)"
 [ "$failed" = 0 ]
