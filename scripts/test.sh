@@ -3,6 +3,7 @@
 #  1. cargo tests (codec, operators vs brute-force oracles, bags, config, replay, GPU host logic);
 #  2. the bundled sample bag and the replay output read back by the Python `rosbags` package;
 #  3. every CUDA kernel compiled by NVRTC 12.9 (PyPI wheel) for sm_72, sm_87 and sm_90;
+#  3b. `cargo check --target aarch64-unknown-linux-gnu` of the library and the CLI (Jetson);
 #  4. with LIDAR_KERNELS_SKIP_ROS unset: ROS 2 Jazzy from PyPI wheels, the nodes built with the `ros`
 #     feature and tested over real DDS against an rclpy peer, and the colcon install checked.
 set -euo pipefail
@@ -24,6 +25,9 @@ step "NVRTC: every kernel x every profile x sm_72/sm_87/sm_90"
 scripts/install-nvrtc.sh >/dev/null
 eval "$(scripts/install-nvrtc.sh --print-env)"
 cargo run --release --quiet -- nvrtc-check
+
+step "aarch64 (Jetson): cargo check of the library and the CLI"
+scripts/check-aarch64.sh
 
 if [[ -z "${LIDAR_KERNELS_SKIP_ROS:-}" && -x test/ros/run.sh ]]; then
     step "ROS 2 nodes over DDS"

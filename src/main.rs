@@ -46,6 +46,20 @@ enum Command {
         strict: bool,
     },
     /// Write the bundled sample bag (real Ouster scans, ouster-ros 48-byte points) into DIR.
+    /// The clouds of BAG (default: the bundled sample) through one pipeline for --frames frames,
+    /// in turn: checks every frame's outputs equal those of the first pass over the clouds, and
+    /// host RSS and device memory after frame 100 vs at the end (within 5 %). Exit 1 otherwise.
+    Soak {
+        bag: Option<PathBuf>,
+        #[arg(long, default_value_t = 2000)]
+        frames: u64,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendArg,
+        #[arg(long, default_value = "auto")]
+        profile: String,
+    },
     Sample {
         #[arg(default_value = "target/sample")]
         dir: PathBuf,
@@ -193,6 +207,43 @@ fn run(cli: Cli) -> Result<()> {
             for (topic, (count, hash)) in digests {
                 let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
                 println!("{topic} {count} {hex}");
+            }
+            Ok(())
+        }
+        Command::Soak { bag, frames, config, backend, profile } => {
+            let config = match config {
+                Some(path) => PipelineConfig::load(&path)?,
+                None => PipelineConfig::default(),
+            };
+            let bag = match bag {
+                Some(b) => b,
+                None => sample_bag()?,
+            };
+            let reader = lidar_kernels::bag::open(&bag)?;
+            let topic = reader
+                .topics()
+                .iter()
+                .find(|t| t.type_name == lidar_kernels::cloud::POINTCLOUD2_TYPE)
+                .map(|t| t.name.clone())
+                .with_context(|| format!("no PointCloud2 topic in {}", bag.display()))?;
+            let scans: Vec<Vec<u8>> =
+                reader.messages(Some(&topic)).map(|m| m.map(|m| m.data)).collect::<Result<_, _>>()?;
+            if scans.is_empty() {
+                bail!("no cloud on {topic} in {}", bag.display());
+            }
+            let engine = Engine::select(backend.into(), profile.parse()?)?;
+            println!("soak: {} frames of the {} clouds of {topic}, backend {}", frames, scans.len(), engine.describe());
+            let on_gpu = matches!(engine, Engine::Cuda(_));
+            let mut pipeline = lidar_kernels::pipeline::Pipeline::with_engine(config, engine);
+            let device_used = || {
+                on_gpu
+                    .then(|| cudarc::driver::result::mem_get_info().ok().map(|(free, total)| (total - free) as u64))
+                    .flatten()
+            };
+            let report = verify::soak::soak(&mut pipeline, &scans, frames, &device_used);
+            println!("{report}");
+            if !report.passed() {
+                bail!("soak failed (outputs not periodic, frames failed, or memory grew more than 5 %)");
             }
             Ok(())
         }

@@ -192,3 +192,18 @@ fn replay_exit_status_counts_skipped_frames() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no frame of /points was processed (2 messages skipped)"), "{err}");
 }
+
+#[test]
+fn soak_outputs_are_periodic_on_the_cpu() {
+    // The sample's scans twice over: every frame's outputs equal those of the first pass.
+    let dir = scratch("soak");
+    let bag = sample::write_sample_bag(&dir).unwrap();
+    let reader = bag::open(&bag).unwrap();
+    let scans: Vec<Vec<u8>> = reader.messages(Some("/ouster/points")).map(|m| m.unwrap().data).collect();
+    let mut config = PipelineConfig::default();
+    config.fps.params.num_samples = 256;
+    let mut pipeline = lidar_kernels::pipeline::Pipeline::with_engine(config, Engine::cpu());
+    let report = lidar_kernels::verify::soak::soak(&mut pipeline, &scans, 2 * scans.len() as u64, &|| None);
+    assert!(report.passed(), "{report}");
+    assert_eq!((report.failures, report.mismatches.len(), report.scans), (0, 0, scans.len()));
+}

@@ -270,9 +270,18 @@ pub fn run_node<S: Stage>(stage: S) -> anyhow::Result<()> {
 struct LinkState {
     /// Problems found this period, each one sentence (QoS mismatch, silent input, lost clouds).
     problems: Vec<String>,
+    /// Which kinds of problem (`LINK_*` bits): a kind not in the last logged set is logged at
+    /// once, the rest at most once per `malformed_log_period`.
+    kinds: u8,
     input_publishers: Vec<String>,
     output_mismatches: u64,
 }
+
+const LINK_INPUT_QOS: u8 = 1;
+const LINK_OUTPUT_QOS: u8 = 2;
+const LINK_SILENT: u8 = 4;
+const LINK_LOST: u8 = 8;
+const LINK_GRAPH: u8 = 16;
 
 /// What the spin thread last read from the graph.
 #[derive(Clone)]
@@ -466,6 +475,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let (mut last_malformed, mut last_errors, mut last_lost) = (0u64, 0u64, 0u64);
+            let mut logged_kinds = 0u8;
             let started = Instant::now();
             loop {
                 tick.tick().await;
@@ -477,17 +487,22 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                         for (node, q) in pubs {
                             let who = format!("{node} ({})", describe_qos(q));
                             if let Some(why) = incompatibility(&in_qos, q) {
+                                link.kinds |= LINK_INPUT_QOS;
                                 link.problems.push(format!("QoS mismatch on input '{input_resolved}': {why} ({who}); no cloud can arrive"));
                             }
                             link.input_publishers.push(who);
                         }
                     }
-                    Err(e) => link.problems.push(format!("graph query for '{input_resolved}' failed: {e}")),
+                    Err(e) => {
+                        link.kinds |= LINK_GRAPH;
+                        link.problems.push(format!("graph query for '{input_resolved}' failed: {e}"));
+                    }
                 }
                 for (topic, subs) in &view.output_subscriptions {
                     for (node, q) in subs {
                         if let Some(why) = incompatibility(q, &out_qos) {
                             link.output_mismatches += 1;
+                            link.kinds |= LINK_OUTPUT_QOS;
                             link.problems.push(format!(
                                 "QoS mismatch on output '{topic}': {why} ({node} asks {}, this node offers {})",
                                 describe_qos(q),
@@ -498,6 +513,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                 }
                 let since = last_received.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(started).elapsed();
                 if !link.input_publishers.is_empty() && since.as_secs_f64() > input_timeout {
+                    link.kinds |= LINK_SILENT;
                     link.problems.push(format!(
                         "no cloud on '{input_resolved}' for {:.1} s while it has {} publisher(s): {}",
                         since.as_secs_f64(), link.input_publishers.len(), link.input_publishers.join("; ")
@@ -509,6 +525,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                     (g.lost, vec![("input_lost".to_string(), g.lost.to_string()), ("input_gaps".to_string(), g.gaps.to_string()), ("input_period_ms".to_string(), period)])
                 };
                 if lost > last_lost {
+                    link.kinds |= LINK_LOST;
                     link.problems.push(format!(
                         "{} clouds lost before the node in the last period (gaps in the header stamps on '{input_resolved}', {} in all)",
                         lost - last_lost, lost
@@ -528,11 +545,17 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                     message.insert(0, format!("{} clouds failed in the last period: {last}", errors - last_errors));
                 }
                 if !link.problems.is_empty() {
-                    if let Some(held) = problem_log.check(Instant::now()) {
-                        let more = if held > 0 { format!(" ({held} more reports since the last line)") } else { String::new() };
+                    let fresh = link.kinds & !logged_kinds != 0;
+                    let held = problem_log.check(Instant::now());
+                    if fresh || held.is_some() {
+                        let more = match held {
+                            Some(n) if n > 0 => format!(" ({n} more reports since the last line)"),
+                            _ => String::new(),
+                        };
                         r2r::log_warn!(&logger, "{}{more}", link.problems.join("; "));
                     }
                 }
+                logged_kinds = link.kinds;
                 (last_malformed, last_errors, last_lost) = (malformed, errors, lost);
                 let message = if message.is_empty() { "ok".to_string() } else { message.join("; ") };
                 let now = ros_clock.lock().map(|mut c| c.get_now().unwrap_or_default()).unwrap_or_default();

@@ -12,6 +12,7 @@ pub mod neighbors;
 pub mod nms;
 pub mod report;
 pub mod smoke;
+pub mod soak;
 pub mod suite;
 pub mod voxel;
 
