@@ -180,7 +180,15 @@ impl McapMessages {
         // The summary repeats every channel: with them known up front, the messages after a
         // damaged chunk that held the channel records can still be read.
         let mut channels = HashMap::new();
-        if let Ok(Some(summary)) = read_summary(&mut file, size) {
+        let mut skipped = Vec::new();
+        let summary = read_summary(&mut file, size);
+        // A file that ends with the magic claims a whole summary: one that cannot be read is damage.
+        if let Err(e) = &summary {
+            if ends_with_magic(&mut file, size) {
+                skipped.push(format!("the summary section is unreadable ({e}); channels come from the data section"));
+            }
+        }
+        if let Ok(Some(summary)) = summary {
             for (id, c) in &summary.channels {
                 channels.insert(
                     *id,
@@ -207,7 +215,7 @@ impl McapMessages {
                 filter: filter.map(str::to_string),
                 copy_data: true,
                 counts: HashMap::new(),
-                skipped: Vec::new(),
+                skipped,
             },
             done: false,
             salvaged: VecDeque::new(),
@@ -394,6 +402,14 @@ pub(crate) fn scan_topics(path: &Path) -> Result<(Vec<TopicInfo>, Option<String>
         }
     }
     Ok((scan.topics(), damage))
+}
+
+fn ends_with_magic(file: &mut File, size: u64) -> bool {
+    let mut tail = [0u8; 8];
+    size >= 16
+        && file.seek(std::io::SeekFrom::Start(size - 8)).is_ok()
+        && file.read_exact(&mut tail).is_ok()
+        && &tail == MAGIC
 }
 
 fn read_summary(file: &mut File, size: u64) -> Result<Option<mcap::Summary>, Box<dyn std::error::Error>> {
