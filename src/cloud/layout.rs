@@ -45,9 +45,11 @@ impl PointLayout {
             }
         }
         // Two fields of one name would be read as one channel, silently dropping the other
-        // (padding placeholders "" and "_", as PCL writes them, are never read).
-        for (i, f) in fields.iter().enumerate() {
-            if !is_padding_name(&f.name) && fields[..i].iter().any(|g| g.name == f.name) {
+        // (padding placeholders "" and "_", as PCL writes them, are never read). A set, not a
+        // scan of the fields before each: a message of 100k fields took seconds.
+        let mut seen = std::collections::HashSet::with_capacity(fields.len());
+        for f in &fields {
+            if !is_padding_name(&f.name) && !seen.insert(f.name.as_str()) {
                 return Err(CloudError::DuplicateField { name: f.name.clone() });
             }
         }
@@ -93,8 +95,9 @@ impl PointLayout {
     pub fn channels(&self) -> Vec<&PointField> {
         let mut out: Vec<&PointField> =
             ["x", "y", "z"].iter().map(|a| self.fields.iter().find(|f| f.name == *a).expect("validated")).collect();
+        let mut taken: std::collections::HashSet<&str> = ["x", "y", "z"].into_iter().collect();
         for f in &self.fields {
-            if f.count == 1 && !is_padding_name(&f.name) && !out.iter().any(|o| o.name == f.name) {
+            if f.count == 1 && !is_padding_name(&f.name) && taken.insert(f.name.as_str()) {
                 out.push(f);
             }
         }
@@ -158,6 +161,10 @@ macro_rules! read_column {
 
 /// Calls `f` with the bytes of every point, row by row (rows may carry padding after the points).
 fn for_each_point(msg: &PointCloud2<'_>, mut f: impl FnMut(&[u8])) {
+    // An empty cloud may still claim up to 2^32 - 1 rows of width 0: walking them took seconds.
+    if msg.width == 0 {
+        return;
+    }
     let step = msg.point_step as usize;
     for row in 0..msg.height as usize {
         let row_bytes = &msg.data[row * msg.row_step as usize..];
@@ -170,6 +177,17 @@ fn for_each_point(msg: &PointCloud2<'_>, mut f: impl FnMut(&[u8])) {
 /// Checks the message's sizes: returns its layout once every point is known to lie inside `data`.
 pub fn validate(msg: &PointCloud2<'_>) -> Result<PointLayout, CloudError> {
     let layout = PointLayout::new(msg.fields.clone(), msg.point_step, msg.is_bigendian)?;
+    // The gather makes one float column per channel: more channels than bytes per point (plus
+    // x, y, z) means fields overlapping at the same bytes, and would let a message of a few MB
+    // gather into terabytes (points x channels floats).
+    let channels = 3 + layout
+        .fields
+        .iter()
+        .filter(|f| f.count == 1 && !is_padding_name(&f.name) && !["x", "y", "z"].contains(&f.name.as_str()))
+        .count();
+    if channels as u64 > msg.point_step as u64 + 3 {
+        return Err(CloudError::TooManyChannels { channels, point_step: msg.point_step });
+    }
     let points = msg.num_points();
     if points > 0 && msg.point_step == 0 {
         return Err(CloudError::ZeroPointStep { points });

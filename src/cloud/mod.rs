@@ -31,6 +31,8 @@ pub enum CloudError {
     UnknownDatatype { name: String, datatype: u8 },
     #[error("field '{name}' (offset {offset}, {size} bytes) ends past point_step {point_step}")]
     FieldPastPointStep { name: String, offset: u32, size: u32, point_step: u32 },
+    #[error("{channels} single-element fields in a point_step of {point_step} bytes: fields overlap (at most point_step + 3)")]
+    TooManyChannels { channels: usize, point_step: u32 },
     #[error("field '{name}' has count 0")]
     ZeroCount { name: String },
     #[error("point_step is 0 but the cloud has {points} points")]

@@ -32,6 +32,9 @@ pub enum ConfigError {
     Stages { path: String, rule: StageRuleError },
 }
 
+/// Largest `neighbors.knn.k` and `neighbors.ball_query.nsample` of a pipeline configuration.
+pub const MAX_NEIGHBORS: usize = 65536;
+
 /// Which voxelization the `voxelize` stage runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -256,6 +259,15 @@ impl PipelineConfig {
         self.fps.params.validate().map_err(|e| ("fps", e))?;
         self.neighbors.knn.validate().map_err(|e| ("neighbors.knn", e))?;
         self.neighbors.ball_query.validate().map_err(|e| ("neighbors.ball_query", e))?;
+        // Every query gets a row of k (nsample) indices whatever the cloud holds, so the operators'
+        // limit (2^31 - 1) let a config allocate hundreds of GB on the first frame. The nodes'
+        // parameters stop at 65536 (src/ros/pipeline_stage.rs); a config file now does too.
+        let width = |key: &str, v: usize| match v {
+            1..=MAX_NEIGHBORS => Ok(()),
+            _ => Err(ParamError::new(key, v, "1 ..= 65536")),
+        };
+        width("k", self.neighbors.knn.k).map_err(|e| ("neighbors.knn", e))?;
+        width("nsample", self.neighbors.ball_query.nsample).map_err(|e| ("neighbors.ball_query", e))?;
         self.nms.params.validate().map_err(|e| ("nms", e))?;
         Ok(())
     }

@@ -7,6 +7,7 @@ use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
 use crate::cloud::{Cloud, CloudView, Datatype};
 use crate::ops::backend::Backend;
+use crate::ops::fps::FpsParams;
 use crate::ops::voxel::DynamicVoxels;
 
 /// Output topics, relative to the output namespace.
@@ -126,7 +127,8 @@ pub struct StageResults {
     pub channel_names: Vec<String>,
     pub voxels: Option<Voxels>,
     pub downsampled: Option<DynamicVoxels>,
-    /// FPS indices into the cloud of `fps.input`, -1 padded.
+    /// FPS indices into the cloud of `fps.input`: the first min(K, N) samples (the -1 padding of
+    /// K > N is not computed; an empty cloud gives one -1).
     pub samples: Option<Vec<i32>>,
     pub neighborhoods: Option<Neighborhoods>,
 }
@@ -182,7 +184,12 @@ pub fn run<B: Backend>(
         _ => &cloud,
     };
     let (samples, neighborhoods) = if cfg.fps.enabled {
-        let (indices, on_backend) = timed(t, "fps", || backend.fps(fps_cloud, &cfg.fps.params))?;
+        // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N)
+        // gives the same samples without computing the padding, which for a K of up to 2^31 - 1
+        // was gigabytes per frame whatever the cloud's size.
+        let n = backend.len(fps_cloud).max(1);
+        let params = FpsParams { num_samples: cfg.fps.params.num_samples.min(n), ..cfg.fps.params.clone() };
+        let (indices, on_backend) = timed(t, "fps", || backend.fps(fps_cloud, &params))?;
         let queries = without_padding(&indices).len();
         let neighborhoods = if cfg.neighbors.enabled {
             Some(timed(t, "neighbors", || -> Result<_, FrameError> {

@@ -267,7 +267,9 @@ pub fn error_kind(e: &CloudError) -> &'static str {
         CloudError::MissingField(_) => "missing_field",
         CloudError::DuplicateField { .. } => "duplicate_field",
         CloudError::FieldPastPointStep { .. } => "field_past_point_step",
-        CloudError::UnknownDatatype { .. } | CloudError::ZeroCount { .. } => "bad_field",
+        CloudError::UnknownDatatype { .. } | CloudError::ZeroCount { .. } | CloudError::TooManyChannels { .. } => {
+            "bad_field"
+        }
         CloudError::DataTooShort { .. } => "data_too_short",
         CloudError::ZeroPointStep { .. } | CloudError::RowStepTooSmall { .. } | CloudError::Overflow { .. } => {
             "bad_size"
