@@ -26,14 +26,8 @@ enum Command {
         /// PointCloud2 topic (default: the bag's only PointCloud2 topic).
         #[arg(long)]
         topic: Option<String>,
-        /// Pipeline configuration (YAML); default: built-in defaults.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long, value_enum, default_value = "auto")]
-        backend: BackendArg,
-        /// GPU kernel profile: auto, orin, xavier, x86_64 or a profile YAML file.
-        #[arg(long, default_value = "auto")]
-        profile: String,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
         /// Write every output topic here: a .mcap file, or a bag folder for any other name.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -53,12 +47,8 @@ enum Command {
         bag: Option<PathBuf>,
         #[arg(long, default_value_t = 2000)]
         frames: u64,
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long, value_enum, default_value = "auto")]
-        backend: BackendArg,
-        #[arg(long, default_value = "auto")]
-        profile: String,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
     },
     Sample {
         #[arg(default_value = "target/sample")]
@@ -98,6 +88,29 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+/// The pipeline a command runs: its configuration and backend.
+#[derive(clap::Args)]
+struct PipelineArgs {
+    /// Pipeline configuration (YAML); default: built-in defaults.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendArg,
+    /// GPU kernel profile: auto, orin, xavier, x86_64 or a profile YAML file.
+    #[arg(long, default_value = "auto")]
+    profile: String,
+}
+
+impl PipelineArgs {
+    fn load(&self) -> Result<(PipelineConfig, Engine)> {
+        let config = match &self.config {
+            Some(path) => PipelineConfig::load(path)?,
+            None => PipelineConfig::default(),
+        };
+        Ok((config, Engine::select(self.backend.into(), self.profile.parse()?)?))
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -156,12 +169,8 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Replay { bag, topic, config, backend, profile, out, quiet, strict } => {
-            let config = match config {
-                Some(path) => PipelineConfig::load(&path)?,
-                None => PipelineConfig::default(),
-            };
-            let engine = Engine::select(backend.into(), profile.parse()?)?;
+        Command::Replay { bag, topic, pipeline, out, quiet, strict } => {
+            let (config, engine) = pipeline.load()?;
             let bag = match bag {
                 Some(b) => b,
                 None => sample_bag()?,
@@ -210,11 +219,8 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Soak { bag, frames, config, backend, profile } => {
-            let config = match config {
-                Some(path) => PipelineConfig::load(&path)?,
-                None => PipelineConfig::default(),
-            };
+        Command::Soak { bag, frames, pipeline } => {
+            let (config, engine) = pipeline.load()?;
             let bag = match bag {
                 Some(b) => b,
                 None => sample_bag()?,
@@ -231,7 +237,6 @@ fn run(cli: Cli) -> Result<()> {
             if scans.is_empty() {
                 bail!("no cloud on {topic} in {}", bag.display());
             }
-            let engine = Engine::select(backend.into(), profile.parse()?)?;
             println!("soak: {} frames of the {} clouds of {topic}, backend {}", frames, scans.len(), engine.describe());
             let on_gpu = matches!(engine, Engine::Cuda(_));
             let mut pipeline = lidar_kernels::pipeline::Pipeline::with_engine(config, engine);
