@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS]
 #
 # - Installs what it needs when missing: the nightly toolchain (`rustup toolchain install nightly
-#   --profile minimal`) and cargo-fuzz (`cargo binstall` when present, else `cargo install --locked`).
+#   --profile minimal --no-self-update`) and cargo-fuzz (`cargo binstall` when present, else `cargo install --locked`).
 # - Builds every target in one `cargo fuzz build` (release, debug assertions, AddressSanitizer) into
 #   target/fuzz, so the dependencies compile once.
 # - Runs the targets one after the other, one libFuzzer process each (one core), each on a scratch
@@ -17,7 +17,8 @@
 #   scripts/ros-env.sh (sourced here); LIDAR_KERNELS_SKIP_ROS=1 skips it (and builds without ROS).
 #
 # Knobs: FUZZ_TARGETS="a b" (a subset), FUZZ_CORPUS_DIR=DIR (grow corpora in DIR/<target> instead
-# of a scratch copy), FUZZ_TARGET_DIR (default target/fuzz).
+# of a scratch copy), FUZZ_TARGET_DIR (default target/fuzz), FUZZ_TOOLCHAIN (default nightly; a
+# dated nightly-YYYY-MM-DD pins it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -42,8 +43,10 @@ max_len() {
 }
 
 # 1. Toolchain and cargo-fuzz.
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    rustup toolchain install nightly --profile minimal >"$logs/install.log" 2>&1 ||
+toolchain="${FUZZ_TOOLCHAIN:-nightly}"
+if ! rustup run "$toolchain" rustc --version >/dev/null 2>&1; then
+    # --no-self-update: installing a toolchain must not replace the machine's rustup.
+    rustup toolchain install "$toolchain" --profile minimal --no-self-update >"$logs/install.log" 2>&1 ||
         { cat "$logs/install.log" >&2; echo "fuzz: installing the nightly toolchain failed" >&2; exit 1; }
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -69,7 +72,7 @@ if [[ " $targets " == *" ros_param_conversion "* ]]; then
 fi
 
 # 3. One build of every target.
-if ! cargo +nightly fuzz build --fuzz-dir fuzz "${features[@]}" >"$logs/build.log" 2>&1; then
+if ! cargo "+$toolchain" fuzz build --fuzz-dir fuzz "${features[@]}" >"$logs/build.log" 2>&1; then
     tail -40 "$logs/build.log" >&2
     echo "fuzz: build failed (log: $logs/build.log)" >&2
     exit 1

@@ -44,7 +44,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<BagReader, BagError> {
         };
         for t in file_topics {
             match topics.iter_mut().find(|o| o.name == t.name && o.type_name == t.type_name) {
-                Some(o) => o.message_count += t.message_count,
+                Some(o) => o.message_count = o.message_count.saturating_add(t.message_count),
                 None => topics.push(t),
             }
         }
@@ -192,7 +192,7 @@ impl BagReader {
         &self.damage
     }
     pub fn message_count(&self) -> u64 {
-        self.topics.iter().map(|t| t.message_count).sum()
+        self.topics.iter().fold(0u64, |sum, t| sum.saturating_add(t.message_count))
     }
 
     pub fn topic(&self, name: &str) -> Option<&TopicInfo> {
