@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use lidar_kernels::bag::sample;
-use lidar_kernels::gpu::{select_backend, BackendKind, GpuContext};
+use lidar_kernels::gpu::{select_backend, BackendKind, FaultPlan, GpuContext};
 use lidar_kernels::pipeline::{Engine, PipelineConfig};
 use lidar_kernels::replay::{replay, ReplayOptions};
 use lidar_kernels::verify;
@@ -101,6 +101,11 @@ struct PipelineArgs {
     /// GPU kernel profile: auto, orin, xavier, x86_64 or a profile YAML file.
     #[arg(long, default_value = "auto")]
     profile: String,
+    /// Testing the GPU recovery: make a real CUDA call fail at the start of operator OP on frame
+    /// FRAME (from 0). KIND: launch, copy, alloc (out of memory), illegal-address (sticky); OP:
+    /// gather, voxelize, downsample, fps, neighbors, nms. E.g. illegal-address@fps:10.
+    #[arg(long, value_name = "KIND@OP:FRAME")]
+    inject_gpu_fault: Option<FaultPlan>,
 }
 
 impl PipelineArgs {
@@ -109,7 +114,13 @@ impl PipelineArgs {
             Some(path) => PipelineConfig::load(path)?,
             None => PipelineConfig::default(),
         };
-        Ok((config, Engine::select(self.backend.into(), self.profile.parse()?)?))
+        let mut engine = Engine::select(self.backend.into(), self.profile.parse()?)?;
+        if let Some(plan) = self.inject_gpu_fault {
+            if !engine.inject_fault(plan) {
+                bail!("--inject-gpu-fault needs the CUDA backend (this run uses {})", engine.describe());
+            }
+        }
+        Ok((config, engine))
     }
 }
 
@@ -247,6 +258,9 @@ fn run(cli: Cli) -> Result<()> {
             };
             let report = verify::soak::soak(&mut pipeline, &scans, frames, &device_used);
             println!("{report}");
+            if pipeline.stats.gpu.faults > 0 {
+                println!("{}", pipeline.stats.gpu);
+            }
             if !report.passed() {
                 bail!("soak failed (outputs not periodic, frames failed, or memory grew more than 5 %)");
             }

@@ -136,11 +136,26 @@ struct ChunkHeader {
 
 /// The records a reader of messages uses; the others are [`Parsed::Unused`].
 enum Parsed<'a> {
-    Schema { id: u16, name: String },
-    Channel { id: u16, info: ChannelInfo },
-    Message { channel_id: u16, log_time: u64, data: &'a [u8] },
-    Chunk { header: ChunkHeader, records: &'a [u8] },
-    Statistics { channel_message_counts: HashMap<u16, u64> },
+    Schema {
+        id: u16,
+        name: String,
+    },
+    Channel {
+        id: u16,
+        info: ChannelInfo,
+    },
+    Message {
+        channel_id: u16,
+        log_time: u64,
+        data: &'a [u8],
+    },
+    Chunk {
+        header: ChunkHeader,
+        records: &'a [u8],
+    },
+    Statistics {
+        channel_message_counts: HashMap<u16, u64>,
+    },
     /// DataEnd or Footer: messages only live in the data section.
     End,
     Unused,
@@ -239,7 +254,9 @@ fn decompress(compression: &str, data: &[u8], limit: u64) -> (Vec<u8>, Result<()
             Ok(())
         }
         "zstd" => zstd_prefix(data, &mut out, limit).map_err(|e| e.to_string()),
-        "lz4" => lz4::Decoder::new(data).and_then(|mut d| read_prefix(&mut d, &mut out, limit)).map_err(|e| e.to_string()),
+        "lz4" => {
+            lz4::Decoder::new(data).and_then(|mut d| read_prefix(&mut d, &mut out, limit)).map_err(|e| e.to_string())
+        }
         other => Err(format!("unknown compression '{other}'")),
     };
     (out, result)
@@ -442,17 +459,23 @@ impl McapMessages {
         let cut = |path: &Path, reason: String| Err(corrupt(path, at, size, reason));
         if left < 9 {
             // A complete file ends with a Footer and the magic, which stop the reading first.
-            return cut(&self.path, if left == 0 {
-                format!("the file ends at byte {at} without a data end or footer record (cut off between records)")
-            } else {
-                format!("the file ends inside the header of the record at byte {at}")
-            });
+            return cut(
+                &self.path,
+                if left == 0 {
+                    format!("the file ends at byte {at} without a data end or footer record (cut off between records)")
+                } else {
+                    format!("the file ends inside the header of the record at byte {at}")
+                },
+            );
         }
         let mut head = [0u8; 9];
         self.file.read_exact(&mut head).map_err(|e| BagError::io(&self.path, e))?;
         let (opcode, len) = (head[0], u64::from_le_bytes(head[1..].try_into().expect("8 bytes")));
         if len > RECORD_LIMIT && len <= left - 9 {
-            return cut(&self.path, format!("the record at byte {at} claims {len} bytes, more than the {RECORD_LIMIT} accepted"));
+            return cut(
+                &self.path,
+                format!("the record at byte {at} claims {len} bytes, more than the {RECORD_LIMIT} accepted"),
+            );
         }
         let have = len.min(left - 9);
         let mut body = Vec::with_capacity(have as usize);

@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod context;
+pub mod fault;
 pub mod gather;
 pub mod kernels;
 pub mod nvrtc;
@@ -16,6 +17,7 @@ pub mod profile;
 
 pub use buffer::{upload_xyz, DevBuf, DeviceXyz};
 pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
+pub use fault::{FaultKind, FaultOp, FaultPlan};
 pub use gather::{upload_and_gather, DeviceCloud};
 pub use kernels::{KernelSource, KERNELS};
 pub use nvrtc::{nvrtc_check, NvrtcReport, NvrtcRow};
@@ -70,6 +72,9 @@ pub enum GpuError {
     /// A kernel needs more shared memory per block than the device allows.
     #[error("{kernel} needs {needed} bytes of shared memory for {count} {items}; the device allows {available}")]
     SharedMemory { kernel: &'static str, needed: usize, available: usize, count: usize, items: &'static str },
+    /// A fault of `--inject-gpu-fault` whose call the driver accepted.
+    #[error("the injected {0:?} fault did not fail on this device")]
+    FaultNotRaised(fault::FaultKind),
     /// A cluster launch (`cuLaunchKernelEx`) the driver refused.
     #[error("{kernel}: cuLaunchKernelEx with {cluster}-block clusters: {source}")]
     ClusterLaunch { kernel: String, cluster: usize, source: cudarc::driver::DriverError },

@@ -13,7 +13,7 @@ pub use stages::{
     StageResults, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
     VOXEL_FEATURES_TOPIC,
 };
-pub use stats::{LatencySamples, PipelineStats};
+pub use stats::{GpuFallbackStats, LatencySamples, PipelineStats};
 
 use crate::cloud::{CloudError, CloudMessage, CloudView, Header, SourceIndex};
 use crate::ops::backend::OpError;
@@ -147,7 +147,7 @@ impl Pipeline {
 
     fn process_timed<'a>(&mut self, view: CloudView<'a>, mut timings: Timings) -> Result<FrameOutput<'a>, FrameError> {
         self.stats.clouds_received += 1;
-        let result = self.engine.run(&self.config, &view, &mut timings).map(|results| {
+        let result = self.engine.run(&self.config, &view, &mut timings, &mut self.stats.gpu).map(|results| {
             let messages = timed(&mut timings, "encode", || encode(&view, &results, &self.config));
             FrameOutput { view, results, messages, timings }
         });
@@ -188,7 +188,7 @@ impl Pipeline {
         })?;
         let header = view.msg.header.clone();
         let t = Instant::now();
-        let nms = self.engine.nms(&boxes, &scores, &labels, &self.config.nms.params)?;
+        let nms = self.engine.nms(&boxes, &scores, &labels, &self.config.nms.params, &mut self.stats.gpu)?;
         self.stats.record_stage("nms", t.elapsed());
         let pick = |k: &u32| *k as usize;
         Ok(KeptBoxes {

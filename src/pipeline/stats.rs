@@ -47,7 +47,22 @@ pub struct PipelineStats {
     pub points_non_finite: u64,
     pub points_out_of_range: u64,
     pub points_over_capacity: u64,
+    pub gpu: GpuFallbackStats,
     pub stages: BTreeMap<&'static str, LatencySamples>,
+}
+
+/// What the CUDA engine's recovery did (all zero on the CPU backend and on a healthy GPU).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GpuFallbackStats {
+    /// Device errors (launch, copy, allocation, sticky faults): each frame is run again on the CPU.
+    pub faults: u64,
+    /// Frames the CPU ran because of a fault: the failed frames and those of the back-off.
+    pub cpu_frames: u64,
+    /// CUDA contexts rebuilt after a fault, and attempts that failed (the back-off then doubles).
+    pub rebuilds: u64,
+    pub rebuild_failures: u64,
+    /// A sticky fault made CUDA unusable for the rest of the process: every frame runs on the CPU.
+    pub lost: bool,
 }
 
 impl PipelineStats {
@@ -65,6 +80,11 @@ impl PipelineStats {
             ("points_non_finite".to_string(), self.points_non_finite.to_string()),
             ("points_out_of_range".to_string(), self.points_out_of_range.to_string()),
             ("points_dropped_capacity".to_string(), self.points_over_capacity.to_string()),
+            ("gpu_faults".to_string(), self.gpu.faults.to_string()),
+            ("gpu_fallback_cpu_frames".to_string(), self.gpu.cpu_frames.to_string()),
+            ("gpu_context_rebuilds".to_string(), self.gpu.rebuilds.to_string()),
+            ("gpu_context_rebuild_failures".to_string(), self.gpu.rebuild_failures.to_string()),
+            ("gpu_lost".to_string(), self.gpu.lost.to_string()),
         ];
         for (stage, s) in &self.stages {
             for (label, q) in [("p50", 0.5), ("p99", 0.99)] {
@@ -96,7 +116,25 @@ impl fmt::Display for PipelineStats {
             self.points_non_finite,
             self.points_out_of_range,
             self.points_over_capacity
-        )
+        )?;
+        if self.gpu.faults > 0 {
+            write!(f, "\n{}", self.gpu)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for GpuFallbackStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "GPU faults: {} (frames run on the CPU instead: {}; CUDA context rebuilt {} times, {} failed attempts)",
+            self.faults, self.cpu_frames, self.rebuilds, self.rebuild_failures
+        )?;
+        if self.lost {
+            write!(f, "; CUDA lost to a sticky fault: later frames ran on the CPU (restart to get the GPU back)")?;
+        }
+        Ok(())
     }
 }
 

@@ -337,7 +337,10 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     let fqn = node.fully_qualified_name().unwrap_or_else(|_| stage.name().to_string());
     match &dds_profile {
         Some(p) => r2r::log_info!(&logger, "Fast DDS profile: {p} (set FASTRTPS_DEFAULT_PROFILES_FILE to use another)"),
-        None => r2r::log_info!(&logger, "DDS profile: the environment's (FASTRTPS_/FASTDDS_DEFAULT_PROFILES_FILE or RMW_IMPLEMENTATION set)"),
+        None => r2r::log_info!(
+            &logger,
+            "DDS profile: the environment's (FASTRTPS_/FASTDDS_DEFAULT_PROFILES_FILE or RMW_IMPLEMENTATION set)"
+        ),
     }
 
     // Parameters: common ones, then the stage's; command-line / params-file values checked here.
@@ -408,7 +411,8 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     // second, it reads from the graph the input's publishers and the outputs' subscriptions.
     let graph = Arc::new(Mutex::new(GraphView::default()));
     let spin = {
-        let (shutdown, graph, input, outputs) = (shutdown.clone(), graph.clone(), input_resolved.clone(), output_resolved.clone());
+        let (shutdown, graph, input, outputs) =
+            (shutdown.clone(), graph.clone(), input_resolved.clone(), output_resolved.clone());
         let probe = GraphProbe::new(&format!("{node_name}_graph"));
         if let Err(e) = &probe {
             r2r::log_warn!(&logger, "graph probe unavailable, output QoS mismatches will not be reported: {e}");
@@ -425,7 +429,9 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                 let view = GraphView {
                     input_publishers: node
                         .get_publishers_info_by_topic(&input, false)
-                        .map(|v| v.into_iter().map(|p| (endpoint(&p.node_namespace, &p.node_name), p.qos_profile)).collect())
+                        .map(|v| {
+                            v.into_iter().map(|p| (endpoint(&p.node_namespace, &p.node_name), p.qos_profile)).collect()
+                        })
                         .map_err(|e| e.to_string()),
                     output_subscriptions: probe.as_ref().map_or_else(Vec::new, |probe| {
                         outputs.iter().map(|t| (t.clone(), probe.subscriptions(t).unwrap_or_default())).collect()
@@ -467,19 +473,21 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
         let (queue, stats, fqn, logger) = (queue.clone(), stats.clone(), fqn.clone(), logger.clone());
         let snapshot = table.lock().unwrap().snapshot();
         let period = Duration::from_secs_f64(snapshot.double("diagnostics_period").unwrap_or(1.0));
-        let mut problem_log = RateLimiter::new(Duration::from_secs_f64(snapshot.double("malformed_log_period").unwrap_or(5.0)));
+        let mut problem_log =
+            RateLimiter::new(Duration::from_secs_f64(snapshot.double("malformed_log_period").unwrap_or(5.0)));
         let name = format!("{fqn}: lidar_kernels");
         let table = table.clone();
         tokio::spawn(async move {
             use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let (mut last_malformed, mut last_errors, mut last_lost) = (0u64, 0u64, 0u64);
+            let (mut last_malformed, mut last_errors, mut last_lost, mut last_gpu_faults) = (0u64, 0u64, 0u64, 0u64);
             let mut logged_kinds = 0u8;
             let started = Instant::now();
             loop {
                 tick.tick().await;
-                let input_timeout = table.lock().map(|t| t.snapshot().double("input_timeout").unwrap_or(3.0)).unwrap_or(3.0);
+                let input_timeout =
+                    table.lock().map(|t| t.snapshot().double("input_timeout").unwrap_or(3.0)).unwrap_or(3.0);
                 let mut link = LinkState::default();
                 let view = graph.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 match &view.input_publishers {
@@ -488,7 +496,9 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                             let who = format!("{node} ({})", describe_qos(q));
                             if let Some(why) = incompatibility(&in_qos, q) {
                                 link.kinds |= LINK_INPUT_QOS;
-                                link.problems.push(format!("QoS mismatch on input '{input_resolved}': {why} ({who}); no cloud can arrive"));
+                                link.problems.push(format!(
+                                    "QoS mismatch on input '{input_resolved}': {why} ({who}); no cloud can arrive"
+                                ));
                             }
                             link.input_publishers.push(who);
                         }
@@ -516,13 +526,22 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                     link.kinds |= LINK_SILENT;
                     link.problems.push(format!(
                         "no cloud on '{input_resolved}' for {:.1} s while it has {} publisher(s): {}",
-                        since.as_secs_f64(), link.input_publishers.len(), link.input_publishers.join("; ")
+                        since.as_secs_f64(),
+                        link.input_publishers.len(),
+                        link.input_publishers.join("; ")
                     ));
                 }
                 let (lost, gap_kv) = {
                     let g = gaps.lock().unwrap_or_else(|e| e.into_inner());
                     let period = g.period_ns().map_or("-".to_string(), |p| format!("{:.3}", p as f64 / 1e6));
-                    (g.lost, vec![("input_lost".to_string(), g.lost.to_string()), ("input_gaps".to_string(), g.gaps.to_string()), ("input_period_ms".to_string(), period)])
+                    (
+                        g.lost,
+                        vec![
+                            ("input_lost".to_string(), g.lost.to_string()),
+                            ("input_gaps".to_string(), g.gaps.to_string()),
+                            ("input_period_ms".to_string(), period),
+                        ],
+                    )
                 };
                 if lost > last_lost {
                     link.kinds |= LINK_LOST;
@@ -544,6 +563,25 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                     let last = stats.detail().last_stage_error.clone();
                     message.insert(0, format!("{} clouds failed in the last period: {last}", errors - last_errors));
                 }
+                // The engine's recovery (pipeline::engine): faults cost no frame, a lost GPU costs speed.
+                let (gpu_faults, gpu_lost) = {
+                    let d = stats.detail();
+                    let value = |key: &str| d.stage_stats.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+                    (
+                        value("gpu_faults").and_then(|v| v.parse().ok()).unwrap_or(0u64),
+                        value("gpu_lost").as_deref() == Some("true"),
+                    )
+                };
+                if gpu_lost {
+                    level = 2;
+                    message.insert(0, "CUDA lost to a sticky GPU fault: clouds run on the CPU backend; restart the node to get the GPU back".into());
+                } else if gpu_faults > last_gpu_faults {
+                    level = level.max(1);
+                    message.push(format!(
+                        "{} GPU faults in the last period (those clouds ran on the CPU; the CUDA context is rebuilt)",
+                        gpu_faults - last_gpu_faults
+                    ));
+                }
                 if !link.problems.is_empty() {
                     let fresh = link.kinds & !logged_kinds != 0;
                     let held = problem_log.check(Instant::now());
@@ -556,7 +594,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                     }
                 }
                 logged_kinds = link.kinds;
-                (last_malformed, last_errors, last_lost) = (malformed, errors, lost);
+                (last_malformed, last_errors, last_lost, last_gpu_faults) = (malformed, errors, lost, gpu_faults);
                 let message = if message.is_empty() { "ok".to_string() } else { message.join("; ") };
                 let now = ros_clock.lock().map(|mut c| c.get_now().unwrap_or_default()).unwrap_or_default();
                 let mut kv = diagnostic_values(&stats, &queue, &input_qos);
@@ -568,8 +606,17 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
                 kv.push(("output_qos_mismatches".into(), link.output_mismatches.to_string()));
                 let values = kv.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
                 let msg = DiagnosticArray {
-                    header: r2r::std_msgs::msg::Header { stamp: r2r::Clock::to_builtin_time(&now), frame_id: String::new() },
-                    status: vec![DiagnosticStatus { level, name: name.clone(), message, hardware_id: "lidar_kernels".into(), values }],
+                    header: r2r::std_msgs::msg::Header {
+                        stamp: r2r::Clock::to_builtin_time(&now),
+                        frame_id: String::new(),
+                    },
+                    status: vec![DiagnosticStatus {
+                        level,
+                        name: name.clone(),
+                        message,
+                        hardware_id: "lidar_kernels".into(),
+                        values,
+                    }],
                 };
                 let _ = diag_pub.publish(&msg);
             }

@@ -8,8 +8,8 @@
 use super::{Backend, OpError};
 use crate::cloud::CloudView;
 use crate::gpu::{
-    select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, GpuContext, GpuError,
-    GrowBuffer, ProfileChoice,
+    select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext,
+    GpuError, GrowBuffer, ProfileChoice,
 };
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
@@ -32,6 +32,8 @@ pub struct CudaBackend {
     nms: DeviceNms,
     queries: GrowBuffer<f32>,
     select_xyz: CudaFunction,
+    /// A test fault to make at the start of its operator in this frame (armed by the engine).
+    pub(crate) armed_fault: Option<FaultPlan>,
 }
 
 /// A cloud on the device: the gathered input, or a downsampled cloud's x, y, z (stride = len).
@@ -73,8 +75,20 @@ impl CudaBackend {
             nms: DeviceNms::new(&ctx)?,
             queries: GrowBuffer::new(&ctx.stream, 3 * 4096)?,
             select_xyz: ctx.function("gather", "select_xyz")?,
+            armed_fault: None,
             ctx,
         })
+    }
+
+    /// The armed fault's error when `op` is its operator (once).
+    fn fault_point(&mut self, op: FaultOp) -> Result<(), GpuError> {
+        match self.armed_fault {
+            Some(plan) if plan.op == op => {
+                self.armed_fault = None;
+                Err(self.ctx.inject_fault(plan.kind, &self.select_xyz))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -115,6 +129,7 @@ impl Backend for CudaBackend {
     }
 
     fn gather(&mut self, view: &CloudView<'_>) -> Result<DevicePoints, OpError> {
+        self.fault_point(FaultOp::Gather)?;
         Ok(DevicePoints::Gathered(upload_and_gather(&self.ctx, view)?))
     }
     fn len(&self, points: &DevicePoints) -> usize {
@@ -143,6 +158,7 @@ impl Backend for CudaBackend {
         params: &HardVoxelParams,
     ) -> Result<HardVoxels, OpError> {
         params.validate()?;
+        self.fault_point(FaultOp::Voxelize)?;
         self.voxelizer.hard_device(&self.ctx, points.gathered(), channels, params, true, None)?;
         Ok(self.voxelizer.hard_to_host(&self.ctx)?.0)
     }
@@ -153,6 +169,7 @@ impl Backend for CudaBackend {
         grid: &VoxelGrid,
     ) -> Result<DynamicVoxels, OpError> {
         grid.validate()?;
+        self.fault_point(FaultOp::Voxelize)?;
         self.voxelizer.dynamic_device(&self.ctx, points.gathered(), channels, grid)?;
         Ok(self.voxelizer.dynamic_to_host(&self.ctx, PerPoint::All)?)
     }
@@ -164,6 +181,7 @@ impl Backend for CudaBackend {
         per_point: bool,
     ) -> Result<(DynamicVoxels, Option<DevicePoints>), OpError> {
         grid.validate()?;
+        self.fault_point(FaultOp::Downsample)?;
         let cloud = points.gathered();
         let others: Vec<usize> = (3..cloud.num_channels()).collect();
         self.downsampler.dynamic_device(&self.ctx, cloud, &others, grid)?;
@@ -187,6 +205,7 @@ impl Backend for CudaBackend {
         with_range: bool,
     ) -> Result<(HardVoxels, PillarFeatures), OpError> {
         params.validate()?;
+        self.fault_point(FaultOp::Voxelize)?;
         self.voxelizer.hard_device(&self.ctx, points.gathered(), channels, params, true, Some(with_range))?;
         let (voxels, features) = self.voxelizer.hard_to_host(&self.ctx)?;
         Ok((voxels, features.expect("pillar features were requested")))
@@ -195,11 +214,13 @@ impl Backend for CudaBackend {
     fn fps(&mut self, points: &DevicePoints, params: &FpsParams) -> Result<(Vec<i32>, ()), OpError> {
         let n = self.len(points);
         params.check_cloud(n)?;
+        self.fault_point(FaultOp::Fps)?;
         fps_enqueue(&self.ctx, &mut self.fps, points.xyz()?, &[0, n], params)?;
         Ok((self.fps.download(&self.ctx)?, ()))
     }
     fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Neighbors, OpError> {
         params.validate()?;
+        self.fault_point(FaultOp::Neighbors)?;
         let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
         let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
         Ok(knn_with(ctx, neighbors, points.xyz()?, q, params)?)
@@ -212,6 +233,7 @@ impl Backend for CudaBackend {
         params: &BallQueryParams,
     ) -> Result<BallQuery, OpError> {
         params.validate()?;
+        self.fault_point(FaultOp::Neighbors)?;
         let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
         let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
         Ok(ball_query_with(ctx, neighbors, points.xyz()?, q, params)?)
@@ -225,6 +247,7 @@ impl Backend for CudaBackend {
         params: &NmsParams,
     ) -> Result<NmsOutput, OpError> {
         validate_input(boxes, scores, classes, params)?;
+        self.fault_point(FaultOp::Nms)?;
         let classes = if params.class_aware { classes } else { &[] };
         self.nms.upload(&self.ctx, boxes, scores, classes)?;
         Ok(self.nms.run(&self.ctx, params)?)
