@@ -200,7 +200,10 @@ fn mcap_claims_past_the_file_allocate_nothing_large() {
         ("metadata_huge_name.mcap", None),
         ("oom-metadata-string-map.mcap", None),
         ("summary_channel_huge_topic.mcap", Some("summary section is unreadable")),
-        ("oom-chunk-uncompressed-size.mcap", Some("its header says 4294967295 (the CRC matches): its messages are read")),
+        (
+            "oom-chunk-uncompressed-size.mcap",
+            Some("its header says 4294967295 (the CRC matches): its messages are read"),
+        ),
     ] {
         let t = Instant::now();
         let mut items = None;

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use lidar_kernels::bag::{self, BagError};
-use lidar_kernels::cloud::{gather, select_records, Cloud, CloudView, Header, PointCloud2, PointLayout, POINTCLOUD2_TYPE};
+use lidar_kernels::cloud::{
+    gather, select_records, Cloud, CloudView, Header, PointCloud2, PointLayout, POINTCLOUD2_TYPE,
+};
 use lidar_kernels::ops::nms::{Box3d, NmsKind};
 use lidar_kernels::pipeline::outputs::{boxes_from_cloud, boxes_message, markers_cdr};
 use lidar_kernels::pipeline::stages::check_rules;

@@ -37,7 +37,10 @@ impl GraphProbe {
         // SAFETY: the usual rcl init sequence on zero-initialized structs that this value owns.
         unsafe {
             let mut init_options = Box::new(rcl_get_zero_initialized_init_options());
-            check("rcl_init_options_init", rcl_init_options_init(init_options.as_mut(), rcutils_get_default_allocator()))?;
+            check(
+                "rcl_init_options_init",
+                rcl_init_options_init(init_options.as_mut(), rcutils_get_default_allocator()),
+            )?;
             let mut context = Box::new(rcl_get_zero_initialized_context());
             if let Err(e) = check("rcl_init", rcl_init(0, std::ptr::null(), init_options.as_ref(), context.as_mut())) {
                 rcl_init_options_fini(init_options.as_mut());
@@ -63,7 +66,13 @@ impl GraphProbe {
         unsafe {
             let mut allocator = rcutils_get_default_allocator();
             let mut infos = rmw_get_zero_initialized_topic_endpoint_info_array();
-            let ret = rcl_get_subscriptions_info_by_topic(self.node.as_ref(), &mut allocator, ctopic.as_ptr(), false, &mut infos);
+            let ret = rcl_get_subscriptions_info_by_topic(
+                self.node.as_ref(),
+                &mut allocator,
+                ctopic.as_ptr(),
+                false,
+                &mut infos,
+            );
             check("rcl_get_subscriptions_info_by_topic", ret)?;
             let text = |p: *const std::os::raw::c_char| {
                 if p.is_null() {

@@ -156,7 +156,8 @@ impl ParamTable {
 
     /// Type, range and read-only check of one value (not yet the whole configuration).
     fn checked(&self, name: &str, value: &ParameterValueMsg) -> Result<ParamValue, String> {
-        let spec = self.specs.iter().find(|s| s.name == name).ok_or_else(|| format!("parameter '{name}' is not declared"))?;
+        let spec =
+            self.specs.iter().find(|s| s.name == name).ok_or_else(|| format!("parameter '{name}' is not declared"))?;
         if spec.read_only {
             return Err(format!(
                 "parameter '{name}' is read-only at run time (set it with --ros-args -p or a params file)"
@@ -256,7 +257,9 @@ impl ParamTable {
             let ok = if prefixes.is_empty() {
                 within(name)
             } else {
-                prefixes.iter().any(|p| name == p || name.strip_prefix(p.as_str()).and_then(|r| r.strip_prefix('.')).is_some_and(within))
+                prefixes.iter().any(|p| {
+                    name == p || name.strip_prefix(p.as_str()).and_then(|r| r.strip_prefix('.')).is_some_and(within)
+                })
             };
             if ok {
                 result.names.push(name.to_string());
@@ -290,12 +293,15 @@ pub fn serve(
     let fqn = node.fully_qualified_name().unwrap_or_else(|_| name.clone());
     let srv = |e: r2r::Error| anyhow!("parameter services: {e}");
     let qos = QosProfile::default;
-    let list = node.create_service::<ListParameters::Service>(&format!("{name}/list_parameters"), qos()).map_err(srv)?;
+    let list =
+        node.create_service::<ListParameters::Service>(&format!("{name}/list_parameters"), qos()).map_err(srv)?;
     let get = node.create_service::<GetParameters::Service>(&format!("{name}/get_parameters"), qos()).map_err(srv)?;
-    let types =
-        node.create_service::<GetParameterTypes::Service>(&format!("{name}/get_parameter_types"), qos()).map_err(srv)?;
-    let describe =
-        node.create_service::<DescribeParameters::Service>(&format!("{name}/describe_parameters"), qos()).map_err(srv)?;
+    let types = node
+        .create_service::<GetParameterTypes::Service>(&format!("{name}/get_parameter_types"), qos())
+        .map_err(srv)?;
+    let describe = node
+        .create_service::<DescribeParameters::Service>(&format!("{name}/describe_parameters"), qos())
+        .map_err(srv)?;
     let set = node.create_service::<SetParameters::Service>(&format!("{name}/set_parameters"), qos()).map_err(srv)?;
     let set_atomic = node
         .create_service::<SetParametersAtomically::Service>(&format!("{name}/set_parameters_atomically"), qos())
@@ -303,8 +309,7 @@ pub fn serve(
     // rclcpp's parameter-events QoS: reliable, keep last 1000.
     let mut events_qos = QosProfile::default();
     events_qos.depth = 1000;
-    let events =
-        Mutex::new(node.create_publisher::<ParameterEvent>("/parameter_events", events_qos).map_err(srv)?);
+    let events = Mutex::new(node.create_publisher::<ParameterEvent>("/parameter_events", events_qos).map_err(srv)?);
     let clock = node.get_ros_clock();
 
     let announce = move |changed: Vec<(String, ParamValue)>| {
@@ -453,7 +458,12 @@ mod tests {
         let r = t.set(&[("queue_size".into(), int(3))]);
         assert!(r[0].is_ok());
         assert_eq!(t.generation(), 1);
-        for (name, v) in [("queue_size", int(0)), ("queue_size", double(2.5)), ("reliable", to_msg(&ParamValue::Bool(true))), ("nope", int(1))] {
+        for (name, v) in [
+            ("queue_size", int(0)),
+            ("queue_size", double(2.5)),
+            ("reliable", to_msg(&ParamValue::Bool(true))),
+            ("nope", int(1)),
+        ] {
             let r = t.set(&[(name.into(), v)]);
             assert!(r[0].is_err(), "{name}");
         }

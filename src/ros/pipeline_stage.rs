@@ -266,16 +266,19 @@ impl ConfigBuilder {
         } else {
             let text = std::fs::read_to_string(config_file)
                 .with_context(|| format!("parameter 'config_file': cannot read '{config_file}'"))?;
-            let tree: Value = serde_yaml::from_str(&text)
-                .map_err(|e| anyhow!("parameter 'config_file' = '{config_file}': {e}"))?;
+            let tree: Value =
+                serde_yaml::from_str(&text).map_err(|e| anyhow!("parameter 'config_file' = '{config_file}': {e}"))?;
             match tree {
                 Value::Null => Value::Mapping(Default::default()),
                 Value::Mapping(_) => tree,
                 _ => bail!("parameter 'config_file' = '{config_file}': not a YAML mapping"),
             }
         };
-        let label =
-            if config_file.is_empty() { "ROS parameters".to_string() } else { format!("{config_file} + ROS parameters") };
+        let label = if config_file.is_empty() {
+            "ROS parameters".to_string()
+        } else {
+            format!("{config_file} + ROS parameters")
+        };
         Ok(Self { kind, keys, base: (label, tree) })
     }
 
