@@ -5,7 +5,8 @@
 #  3. every CUDA kernel compiled by NVRTC 12.9 (PyPI wheel) for sm_72, sm_87 and sm_90;
 #  3b. `cargo check --target aarch64-unknown-linux-gnu` of the library and the CLI (Jetson);
 #  4. with LIDAR_KERNELS_SKIP_ROS unset: ROS 2 Jazzy from PyPI wheels, the nodes built with the `ros`
-#     feature and tested over real DDS against an rclpy peer, and the colcon install checked.
+#     feature and tested over real DDS against an rclpy peer, and the colcon install checked;
+#  5. every cargo-fuzz target for 20 s (scripts/fuzz.sh, a pinned nightly and cargo-fuzz it installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n==== %s\n' "$*"; }
@@ -37,4 +38,7 @@ if [[ -z "${LIDAR_KERNELS_SKIP_ROS:-}" && -x test/ros/run.sh ]]; then
         scripts/colcon-build.sh
     fi
 fi
+step "fuzzing: every target for 20 s"
+FUZZ_TOOLCHAIN="${FUZZ_TOOLCHAIN:-nightly-2026-05-20}" scripts/fuzz.sh 20
+
 step "all tests passed"
