@@ -26,6 +26,9 @@ use super::{BagError, BagMessage, TopicInfo};
 pub(crate) const MAGIC: &[u8; 8] = b"\x89MCAP0\r\n";
 /// Largest record (and decompressed chunk) accepted.
 const RECORD_LIMIT: u64 = 4 << 30;
+/// Most read of a record the file ends inside, and of a summary section: a damaged length must not
+/// pull the rest of a multi-gigabyte bag into memory (real chunks and summaries are megabytes).
+const DAMAGED_READ_LIMIT: u64 = 256 << 20;
 /// A Footer record: opcode, length, then summary_start, summary_offset_start, summary_crc.
 const FOOTER_LEN: u64 = 1 + 8 + 8 + 8 + 4;
 /// The fixed fields of a Statistics record before its channel counts: message_count,
@@ -477,15 +480,24 @@ impl McapMessages {
                 format!("the record at byte {at} claims {len} bytes, more than the {RECORD_LIMIT} accepted"),
             );
         }
-        let have = len.min(left - 9);
-        let mut body = Vec::with_capacity(have as usize);
-        (&mut self.file).take(have).read_to_end(&mut body).map_err(|e| BagError::io(&self.path, e))?;
-        if len > have {
-            let note = if opcode == op::CHUNK { self.salvage_cut_chunk(at, &body) } else { String::new() };
+        if len > left - 9 {
+            let have = left - 9;
+            let note = if opcode == op::CHUNK {
+                let mut body = Vec::new();
+                (&mut self.file)
+                    .take(have.min(DAMAGED_READ_LIMIT))
+                    .read_to_end(&mut body)
+                    .map_err(|e| BagError::io(&self.path, e))?;
+                self.salvage_cut_chunk(at, &body)
+            } else {
+                String::new()
+            };
             return cut(&self.path, format!(
                 "the record (opcode 0x{opcode:02x}) at byte {at} claims {len} bytes and the file ends {have} bytes into it{note}"
             ));
         }
+        let mut body = Vec::with_capacity(len as usize);
+        (&mut self.file).take(len).read_to_end(&mut body).map_err(|e| BagError::io(&self.path, e))?;
         self.at += 9 + len;
         match parse(opcode, &body) {
             Ok(Parsed::End) => self.done = true,
@@ -669,6 +681,12 @@ fn read_summary(file: &mut File, size: u64) -> Result<Option<Summary>, String> {
     }
     if summary_start < MAGIC.len() as u64 || summary_start > footer_at {
         return Err(format!("the footer puts the summary at byte {summary_start}, outside the file"));
+    }
+    if footer_at - summary_start > DAMAGED_READ_LIMIT {
+        return Err(format!(
+            "the footer gives the summary {} bytes, more than a summary holds",
+            footer_at - summary_start
+        ));
     }
     let mut bytes = Vec::with_capacity((footer_at - summary_start) as usize);
     file.seek(SeekFrom::Start(summary_start)).map_err(io)?;
