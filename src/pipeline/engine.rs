@@ -3,8 +3,8 @@
 //!
 //! A device error on CUDA does not lose the frame: it runs again on the CPU reference, which gives
 //! the same outputs, and is counted in [`GpuFallbackStats`].
-//! - Out of device memory (a cloud too large for the device) costs only that frame: the context is
-//!   sound and the next frame is tried on it again.
+//! - Out of device memory, or a size past what the kernels index (a cloud too large for the
+//!   device) costs only that frame: the context is sound and the next frame is tried on it again.
 //! - Any other error (a launch or copy the driver refuses) may leave the context or the scratch in
 //!   an unknown state: the CUDA backend is dropped whole (its device memory freed), the frames of a
 //!   back-off run on the CPU, then a new context is built. A fault on the first frame of a rebuilt
@@ -175,6 +175,12 @@ impl CudaEngine {
         backend.armed_fault = None;
         let error = match result {
             Err(FrameError::Op(OpError::Device(e))) => e,
+            // Past what the kernels index (32-bit indices, 30-bit counts): the CPU has no such limit.
+            Err(FrameError::Op(e @ OpError::TooLarge { .. })) => {
+                gpu.cpu_frames += 1;
+                tracing::warn!("frame {frame}: {e} on the GPU; it runs on the CPU");
+                return None;
+            }
             other => {
                 self.clean_frames += 1;
                 return Some(other);

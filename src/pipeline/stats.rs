@@ -56,7 +56,8 @@ pub struct PipelineStats {
 pub struct GpuFallbackStats {
     /// Device errors (launch, copy, allocation, sticky faults): each frame is run again on the CPU.
     pub faults: u64,
-    /// Frames the CPU ran because of a fault: the failed frames and those of the back-off.
+    /// Frames the CPU ran instead of the GPU: after a fault, during a back-off, or for a cloud past
+    /// the kernels' size limits.
     pub cpu_frames: u64,
     /// CUDA contexts rebuilt after a fault, and attempts that failed (the back-off then doubles).
     pub rebuilds: u64,
