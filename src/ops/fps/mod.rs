@@ -172,8 +172,8 @@ const GROUP: usize = 32;
 ///
 /// The rules of [`farthest_point_sample`], computed with less work: the points are put in Morton
 /// order and cut into blocks of [`BLOCK`] (and groups of [`GROUP`] blocks) with their bounding
-/// boxes, each knowing its largest `min_dist` and where. A new sample can lower no `min_dist` of a block whose box is at least that
-/// far from it: the box distance (per axis the gap to the box, squared and summed like [`dist2`])
+/// boxes, each knowing its largest `min_dist` and where. A new sample can lower no `min_dist` of a
+/// block whose box is at least that far from it: the box distance (per axis the gap to the box, squared and summed like [`dist2`])
 /// is, in f32 too, at most the distance to any point inside (subtraction, squaring and addition
 /// round monotonically), and the update is a strict `<`. Such blocks are skipped, which late in a
 /// sampling is most of them. The result is the same as the plain pass over every point: the same
@@ -198,7 +198,7 @@ fn fps_slices(x: &[f32], y: &[f32], z: &[f32], start: usize, out: &mut [i32], bl
 /// `min_dist` (reused across clouds and frames).
 #[derive(Default)]
 pub(crate) struct SpatialBlocks {
-    /// Point data in block order: x, y, z, min_dist, original index.
+    /// Point data in block order: x, y, z, then min_dist and the original index.
     xyz: [Vec<f32>; 3],
     min_dist: Vec<f32>,
     index: Vec<u32>,
@@ -224,6 +224,18 @@ fn spread10(v: u32) -> u32 {
     v = (v | (v << 8)) & 0x0300_f00f;
     v = (v | (v << 4)) & 0x030c_30c3;
     (v | (v << 2)) & 0x0924_9249
+}
+
+/// The largest of `values` and, among its equals, the lowest of `indices` (the maxima of blocks or
+/// groups with their lowest original indices: the argmax rule of [`farthest_point_sample`]).
+fn top(values: &[f32], indices: &[u32]) -> (f32, u32) {
+    values.iter().zip(indices).fold((f32::NEG_INFINITY, u32::MAX), |(v, i), (&w, &j)| {
+        if w > v || (w == v && j < i) {
+            (w, j)
+        } else {
+            (v, i)
+        }
+    })
 }
 
 /// Squared distance from `q` to the box `[lo, hi]` (0 inside), arranged as [`dist2`].
@@ -330,12 +342,7 @@ impl SpatialBlocks {
     /// Recomputes group `g`'s largest `min_dist` and its lowest original index from its blocks.
     fn refresh_group(&mut self, g: usize) {
         let r = g * GROUP..((g + 1) * GROUP).min(self.best.len());
-        let (best, at) = self.best[r.clone()].iter().zip(&self.best_index[r]).fold(
-            (f32::NEG_INFINITY, u32::MAX),
-            |(v, i), (&w, &j)| if w > v || (w == v && j < i) { (w, j) } else { (v, i) },
-        );
-        self.group_best[g] = best;
-        self.group_best_index[g] = at;
+        (self.group_best[g], self.group_best_index[g]) = top(&self.best[r.clone()], &self.best_index[r]);
     }
 
     /// Recomputes block `b`'s largest `min_dist` and its lowest original index.
@@ -394,12 +401,6 @@ impl SpatialBlocks {
             }
             self.refresh_group(g);
         }
-        let (mut top, mut top_index) = (f32::NEG_INFINITY, u32::MAX);
-        for (&v, &i) in self.group_best.iter().zip(&self.group_best_index) {
-            if v > top || (v == top && i < top_index) {
-                (top, top_index) = (v, i);
-            }
-        }
-        top_index as usize
+        top(&self.group_best, &self.group_best_index).1 as usize
     }
 }
