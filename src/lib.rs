@@ -12,9 +12,11 @@
 
 pub mod bag;
 pub mod cloud;
+pub mod eval;
 pub mod gpu;
 pub mod ops;
 pub mod pipeline;
+pub mod render;
 pub mod replay;
 #[cfg(feature = "ros")]
 pub mod ros;

@@ -39,6 +39,20 @@ enum Command {
         #[arg(long)]
         strict: bool,
     },
+    /// Score the detect stage's boxes against ground truth: every NAME.bin with a NAME.gt.txt in
+    /// DIR or its subfolders (KITTI / nuScenes layout; see src/eval.rs). Only the detect stage runs.
+    Eval {
+        #[arg(long)]
+        data: PathBuf,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
+        /// Write one bird's-eye-view PNG per frame here.
+        #[arg(long)]
+        render: Option<PathBuf>,
+        /// Also write the per-frame and score tables (markdown) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Write the bundled sample bag (real Ouster scans, ouster-ros 48-byte points) into DIR.
     /// The clouds of BAG (default: the bundled sample) through one pipeline for --frames frames,
     /// in turn: checks every frame's outputs equal those of the first pass over the clouds, and
@@ -265,6 +279,17 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("soak failed (outputs not periodic, frames failed, or memory grew more than 5 %)");
             }
             Ok(())
+        }
+        Command::Eval { data, pipeline, render, out } => {
+            let (mut config, engine) = pipeline.load()?;
+            config.voxelize.enabled = false;
+            config.downsample.enabled = false;
+            config.fps.enabled = false;
+            config.neighbors.enabled = false;
+            config.detect.enabled = true;
+            let report = lidar_kernels::eval::run(&data, config, engine, render.as_deref())?;
+            println!("{report}");
+            write_report(out.as_deref(), &report)
         }
         Command::Sample { dir } => {
             let bag = sample::write_sample_bag(&dir)?;

@@ -30,6 +30,7 @@ pub enum FaultOp {
     Downsample,
     Fps,
     Neighbors,
+    Detect,
     Nms,
 }
 
@@ -47,12 +48,13 @@ const KINDS: [(&str, FaultKind); 4] = [
     ("alloc", FaultKind::Alloc),
     ("illegal-address", FaultKind::IllegalAddress),
 ];
-const OPS: [(&str, FaultOp); 6] = [
+const OPS: [(&str, FaultOp); 7] = [
     ("gather", FaultOp::Gather),
     ("voxelize", FaultOp::Voxelize),
     ("downsample", FaultOp::Downsample),
     ("fps", FaultOp::Fps),
     ("neighbors", FaultOp::Neighbors),
+    ("detect", FaultOp::Detect),
     ("nms", FaultOp::Nms),
 ];
 

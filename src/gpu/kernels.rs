@@ -26,7 +26,7 @@ pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../cuda/c
 
 /// Every kernel file, in load order.
 pub const KERNELS: &[KernelSource] =
-    &[kernel!("gather"), kernel!("voxel"), kernel!("fps"), kernel!("neighbors"), kernel!("nms")];
+    &[kernel!("gather"), kernel!("voxel"), kernel!("fps"), kernel!("neighbors"), kernel!("nms"), kernel!("detect")];
 
 /// The registry entry for `module`.
 pub fn kernel(module: &str) -> Option<&'static KernelSource> {

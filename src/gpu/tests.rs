@@ -175,7 +175,7 @@ fn compile_options_are_bit_exact() {
 #[test]
 fn kernel_registry_lists_every_file() {
     let names: Vec<_> = KERNELS.iter().map(|k| k.module).collect();
-    assert_eq!(names, ["gather", "voxel", "fps", "neighbors", "nms"]);
+    assert_eq!(names, ["gather", "voxel", "fps", "neighbors", "nms", "detect"]);
     assert!(kernels::kernel("gather").unwrap().source.contains("gather_compact"));
     let files: Vec<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda"))
         .unwrap()

@@ -5,6 +5,7 @@
 //! the runtime of [`crate::gpu`].
 
 pub mod backend;
+pub mod detect;
 pub mod fps;
 pub mod neighbors;
 pub mod nms;

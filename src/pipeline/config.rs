@@ -7,6 +7,7 @@
 //! the input's keys with the defaults' tree.
 
 use super::stages::{self, StageRuleError};
+use crate::ops::detect::DetectParams;
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::{BallQueryParams, KnnParams};
 use crate::ops::nms::{NmsKind, NmsParams};
@@ -179,6 +180,21 @@ impl Default for NmsStage {
     }
 }
 
+/// Objects from the cloud alone: ground segmentation, clustering, box fitting, NMS (`ops::detect`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DetectStage {
+    pub enabled: bool,
+    #[serde(flatten)]
+    pub params: DetectParams,
+}
+
+impl Default for DetectStage {
+    fn default() -> Self {
+        Self { enabled: false, params: DetectParams::default() }
+    }
+}
+
 /// The whole pipeline: which stages run and with what parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -189,6 +205,7 @@ pub struct PipelineConfig {
     pub downsample: DownsampleStage,
     pub fps: FpsStage,
     pub neighbors: NeighborsStage,
+    pub detect: DetectStage,
     pub nms: NmsStage,
 }
 
@@ -200,6 +217,7 @@ impl Default for PipelineConfig {
             downsample: DownsampleStage::default(),
             fps: FpsStage::default(),
             neighbors: NeighborsStage::default(),
+            detect: DetectStage::default(),
             nms: NmsStage::default(),
         }
     }
@@ -268,6 +286,7 @@ impl PipelineConfig {
         };
         width("k", self.neighbors.knn.k).map_err(|e| ("neighbors.knn", e))?;
         width("nsample", self.neighbors.ball_query.nsample).map_err(|e| ("neighbors.ball_query", e))?;
+        self.detect.params.validate().map_err(|e| ("detect", e))?;
         self.nms.params.validate().map_err(|e| ("nms", e))?;
         Ok(())
     }

@@ -10,8 +10,8 @@ pub mod stats;
 pub use config::{ConfigError, FeaturesDtype, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 pub use engine::Engine;
 pub use stages::{
-    StageResults, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC,
-    VOXEL_FEATURES_TOPIC,
+    StageResults, BOXES_TOPIC, CLUSTERS_TOPIC, DETECTIONS_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC,
+    VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,
 };
 pub use stats::{GpuFallbackStats, LatencySamples, PipelineStats};
 
@@ -270,6 +270,13 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
     out.extend(downsampled.map(|m| (DOWNSAMPLED_TOPIC, m)));
     out.extend(samples.map(|m| (SAMPLES_TOPIC, m)));
     out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
+    if let Some(d) = &r.detections {
+        out.push((DETECTIONS_TOPIC, outputs::detections_message(h, d)));
+        // The gathered x, y, z: the input's records (without the non-finite points dropped).
+        let points = view.gather().cloud;
+        let source = view.source_indices(r.dropped_non_finite);
+        out.push((CLUSTERS_TOPIC, outputs::clusters_message(h, &points, &source, d)));
+    }
     out
 }
 

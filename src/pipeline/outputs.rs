@@ -5,6 +5,7 @@
 use super::config::FeaturesDtype;
 use super::{Neighborhoods, Voxels};
 use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
+use crate::ops::detect::{Cluster, Detections};
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
 use std::borrow::Cow;
@@ -231,6 +232,32 @@ pub fn boxes_message(header: &Header, boxes: &[Box3d], scores: &[f32], labels: &
         ("label", Column::I32(labels.into())),
     ];
     packed_message(header, 1, boxes.len(), &columns)
+}
+
+/// `detections`: the boxes the detect stage kept, as box records in keep (score) order; `label` is
+/// the class (0 car, 1 pedestrian, 2 cyclist, 3 unknown).
+pub fn detections_message(header: &Header, d: &Detections) -> CloudMessage {
+    let kept: Vec<&Cluster> = d.kept().collect();
+    let boxes: Vec<Box3d> = kept.iter().map(|c| c.bbox).collect();
+    let scores: Vec<f32> = kept.iter().map(|c| c.score).collect();
+    let classes: Vec<i32> = kept.iter().map(|c| c.class).collect();
+    boxes_message(header, &boxes, &scores, &classes)
+}
+
+/// `clusters`: every gathered point, in order: x, y, z, `index` (UINT32, its record in the input
+/// message: every input field is one lookup away), `class` (UINT32: 0 object, 1 ground, 2 overhead,
+/// 3 out of range) and `cluster` (INT32: its cluster's id, -1 for none).
+pub fn clusters_message(header: &Header, points: &Cloud, source: &SourceIndex, d: &Detections) -> CloudMessage {
+    let n = points.len();
+    let columns = [
+        ("x", Column::F32(points.x().into())),
+        ("y", Column::F32(points.y().into())),
+        ("z", Column::F32(points.z().into())),
+        ("index", Column::U32((0..n).map(|i| source.get(i) as u32).collect())),
+        ("class", Column::U32(d.point_class.iter().map(|&c| c as u32).collect())),
+        ("cluster", Column::I32(d.labels.as_slice().into())),
+    ];
+    packed_message(header, 1, n, &columns)
 }
 
 /// Reads box records back (any layout carrying the box fields).

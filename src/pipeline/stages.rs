@@ -7,6 +7,7 @@ use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
 use crate::cloud::{Cloud, CloudView, Datatype};
 use crate::ops::backend::Backend;
+use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
 use crate::ops::voxel::DynamicVoxels;
 
@@ -17,6 +18,8 @@ pub const DOWNSAMPLED_TOPIC: &str = "downsampled";
 pub const SAMPLES_TOPIC: &str = "samples";
 pub const NEIGHBORHOODS_TOPIC: &str = "neighborhoods";
 pub const BOXES_TOPIC: &str = "boxes";
+pub const DETECTIONS_TOPIC: &str = "detections";
+pub const CLUSTERS_TOPIC: &str = "clusters";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StageId {
@@ -24,6 +27,7 @@ pub enum StageId {
     Downsample,
     Fps,
     Neighbors,
+    Detect,
 }
 
 /// One row of the stage table.
@@ -39,7 +43,7 @@ pub struct StageSpec {
 }
 
 /// The per-cloud stages, in run order. (NMS runs on box records, not clouds: `Pipeline::process_boxes_cdr`.)
-pub const STAGES: [StageSpec; 4] = [
+pub const STAGES: [StageSpec; 5] = [
     StageSpec {
         id: StageId::Voxelize,
         key: "voxelize",
@@ -59,6 +63,7 @@ pub const STAGES: [StageSpec; 4] = [
         input: "the FPS samples as queries into fps.input",
         topics: &[NEIGHBORHOODS_TOPIC],
     },
+    StageSpec { id: StageId::Detect, key: "detect", input: "the cloud", topics: &[DETECTIONS_TOPIC, CLUSTERS_TOPIC] },
 ];
 
 /// A stage that is on while a stage it needs is off.
@@ -76,13 +81,14 @@ pub fn enabled(cfg: &PipelineConfig, id: StageId) -> bool {
         StageId::Downsample => cfg.downsample.enabled,
         StageId::Fps => cfg.fps.enabled,
         StageId::Neighbors => cfg.neighbors.enabled,
+        StageId::Detect => cfg.detect.enabled,
     }
 }
 
 /// The stages `id` needs under `cfg`, as (the setting that needs it, the stage, why).
 fn requirements(cfg: &PipelineConfig, id: StageId) -> Vec<(&'static str, StageId, &'static str)> {
     match id {
-        StageId::Voxelize | StageId::Downsample => vec![],
+        StageId::Voxelize | StageId::Downsample | StageId::Detect => vec![],
         StageId::Fps => match cfg.fps.input {
             FpsInput::Cloud => vec![],
             FpsInput::Downsampled => {
@@ -131,6 +137,7 @@ pub struct StageResults {
     /// K > N is not computed; an empty cloud gives one -1).
     pub samples: Option<Vec<i32>>,
     pub neighborhoods: Option<Neighborhoods>,
+    pub detections: Option<Detections>,
 }
 
 impl StageResults {
@@ -213,6 +220,11 @@ pub fn run<B: Backend>(
     } else {
         (None, None)
     };
+    let detections = if cfg.detect.enabled {
+        Some(timed(t, "detect", || backend.detect(&cloud, &cfg.detect.params))?)
+    } else {
+        None
+    };
     Ok(StageResults {
         points: backend.len(&cloud),
         dropped_non_finite: backend.dropped_non_finite(&cloud),
@@ -221,5 +233,6 @@ pub fn run<B: Backend>(
         downsampled,
         samples,
         neighborhoods,
+        detections,
     })
 }

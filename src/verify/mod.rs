@@ -3,10 +3,11 @@
 //! the pipeline never reference this module.
 //!
 //! - [`suite`]: the whole `check-gpu` and `bench` tables.
-//! - [`voxel`], [`fps`], [`neighbors`], [`nms`]: one family's checks and benchmarks.
+//! - [`voxel`], [`fps`], [`neighbors`], [`nms`], [`detect`]: one family's checks and benchmarks.
 //! - [`smoke`]: the gather stage's inputs and comparison.
 //! - [`report`]: the table rows and the check inputs' random generator.
 
+pub mod detect;
 pub mod fps;
 pub mod neighbors;
 pub mod nms;

@@ -4,7 +4,7 @@
 use super::report::{BenchRow, BenchTable, CheckRow, CheckTable};
 use super::smoke::{big_message, compare_with_cpu, exotic_message};
 use super::VerifyError;
-use super::{fps, neighbors, nms, voxel};
+use super::{detect, fps, neighbors, nms, voxel};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
 use crate::gpu::{BackendKind, GpuContext, GpuError, GpuOptions, ProfileChoice};
@@ -86,6 +86,7 @@ pub fn check_all(
     rows.extend(fps::check(ctx, seed, ouster_dir)?);
     rows.extend(neighbors::check(ctx, seed, ouster_dir)?);
     rows.extend(nms::check(ctx, seed, eval_dir)?);
+    rows.extend(detect::check(ctx, seed, ouster_dir, eval_dir)?);
     Ok(CheckTable(rows))
 }
 
@@ -166,6 +167,7 @@ pub fn bench_all(ctx: &GpuContext, workloads: &Path, ouster_dir: &Path) -> Resul
     rows.extend(fps::bench(ctx, workloads)?);
     rows.extend(neighbors::bench(ctx, workloads)?);
     rows.extend(nms::bench(ctx, workloads)?);
+    rows.extend(detect::bench(ctx, ouster_dir)?);
     rows.extend(bench_pipeline(ouster_dir, &ctx.profile.name)?);
     Ok(BenchTable {
         device: format!("{} ({}, {} SMs, profile {})", ctx.device_name, ctx.arch, ctx.sm_count, ctx.profile.name),

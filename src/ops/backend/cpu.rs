@@ -2,6 +2,7 @@
 
 use super::{Backend, OpError};
 use crate::cloud::{Cloud, CloudView};
+use crate::ops::detect::{detect, DetectParams, Detections};
 use crate::ops::fps::{farthest_point_sample, FpsParams};
 use crate::ops::neighbors::{ball_query, knn, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
@@ -112,6 +113,10 @@ impl Backend for CpuBackend {
         params: &BallQueryParams,
     ) -> Result<BallQuery, OpError> {
         Ok(ball_query(&points.cloud, &points.queries(samples, queries), params)?)
+    }
+
+    fn detect(&mut self, points: &HostPoints, params: &DetectParams) -> Result<Detections, OpError> {
+        detect(&points.cloud, params)
     }
 
     fn nms(

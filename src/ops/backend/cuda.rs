@@ -11,6 +11,8 @@ use crate::gpu::{
     select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext,
     GpuError, GrowBuffer, ProfileChoice,
 };
+use crate::ops::detect::cuda::DeviceDetector;
+use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::cuda::{ball_query_with, knn_with, NeighborsScratch};
@@ -30,6 +32,7 @@ pub struct CudaBackend {
     fps: FpsScratch,
     neighbors: NeighborsScratch,
     nms: DeviceNms,
+    detector: DeviceDetector,
     queries: GrowBuffer<f32>,
     select_xyz: CudaFunction,
     /// A test fault to make at the start of its operator in this frame (armed by the engine).
@@ -73,6 +76,7 @@ impl CudaBackend {
             fps: FpsScratch::new(&ctx)?,
             neighbors: NeighborsScratch::new(&ctx)?,
             nms: DeviceNms::new(&ctx)?,
+            detector: DeviceDetector::new(&ctx)?,
             queries: GrowBuffer::new(&ctx.stream, 3 * 4096)?,
             select_xyz: ctx.function("gather", "select_xyz")?,
             armed_fault: None,
@@ -237,6 +241,19 @@ impl Backend for CudaBackend {
         let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
         let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
         Ok(ball_query_with(ctx, neighbors, points.xyz()?, q, params)?)
+    }
+
+    fn detect(&mut self, points: &DevicePoints, params: &DetectParams) -> Result<Detections, OpError> {
+        params.validate()?;
+        self.fault_point(FaultOp::Detect)?;
+        let mut d = self.detector.run(&self.ctx, points.xyz()?, params)?;
+        let (nms, ctx) = (&mut self.nms, &self.ctx);
+        d.keep = keep_boxes(&d.clusters, params, |boxes, scores, classes, np| -> Result<_, OpError> {
+            validate_input(boxes, scores, classes, np)?;
+            nms.upload(ctx, boxes, scores, &[])?;
+            Ok(nms.run(ctx, np)?)
+        })?;
+        Ok(d)
     }
 
     fn nms(

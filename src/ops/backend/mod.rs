@@ -14,6 +14,7 @@ mod cuda;
 pub use cpu::{CpuBackend, HostPoints};
 pub use cuda::{CudaBackend, DevicePoints};
 
+use super::detect::{DetectParams, Detections};
 use super::fps::FpsParams;
 use super::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
 use super::nms::{Box3d, NmsError, NmsOutput, NmsParams};
@@ -115,6 +116,9 @@ pub trait Backend {
         queries: usize,
         params: &BallQueryParams,
     ) -> Result<BallQuery, OpError>;
+
+    /// Ground, clusters and boxes of the cloud (`ops::detect`).
+    fn detect(&mut self, points: &Self::Points, params: &DetectParams) -> Result<Detections, OpError>;
 
     fn nms(
         &mut self,
