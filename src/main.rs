@@ -34,6 +34,10 @@ enum Command {
         /// No per-frame lines, only the summary.
         #[arg(long)]
         quiet: bool,
+        /// Write one bird's-eye-view PNG per frame here (points by cluster, boxes); turns the
+        /// detect stage on.
+        #[arg(long)]
+        render: Option<PathBuf>,
         /// Exit with an error when any message was skipped (malformed, wrong type, failed frame,
         /// damaged bag), not only when no frame was processed: for CI use of replay.
         #[arg(long)]
@@ -194,14 +198,18 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Replay { bag, topic, pipeline, out, quiet, strict } => {
-            let (config, engine) = pipeline.load()?;
+        Command::Replay { bag, topic, pipeline, out, quiet, strict, render } => {
+            let (mut config, engine) = pipeline.load()?;
+            config.detect.enabled |= render.is_some();
             let bag = match bag {
                 Some(b) => b,
                 None => sample_bag()?,
             };
-            let summary =
-                replay(&ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet }, config, engine)?;
+            let summary = replay(
+                &ReplayOptions { bag: bag.clone(), topic, out, verbose_frames: !quiet, render },
+                config,
+                engine,
+            )?;
             println!(
                 "\nreplayed {} frames of {} from {} (backend {})",
                 summary.frames,

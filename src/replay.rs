@@ -19,6 +19,8 @@ pub enum ReplayError {
     NoCloudTopic { path: String, topics: String },
     #[error("{path}: several PointCloud2 topics ({topics}); choose one with --topic")]
     AmbiguousTopic { path: String, topics: String },
+    #[error("--render: {0}")]
+    Render(String),
 }
 
 /// What to replay and where to write.
@@ -29,6 +31,8 @@ pub struct ReplayOptions {
     pub out: Option<PathBuf>,
     /// Print one line per frame.
     pub verbose_frames: bool,
+    /// Write one bird's-eye PNG per frame here (the detect stage must be enabled).
+    pub render: Option<PathBuf>,
 }
 
 /// Totals of a replay.
@@ -214,6 +218,22 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
             Ok(frame) => {
                 if opts.verbose_frames {
                     say(&progress, frame_line(frames, &frame));
+                }
+                if let (Some(dir), Some(d)) = (&opts.render, &frame.results.detections) {
+                    let h = frame.header();
+                    let scene = crate::render::Scene {
+                        cloud: &frame.view.gather().cloud,
+                        detections: d,
+                        truth: &[],
+                        lines: vec![
+                            format!("{} {}.{:09}", h.frame_id, h.stamp_sec, h.stamp_nanosec),
+                            crate::render::counts_line(d, frame.results.points),
+                        ],
+                    };
+                    let path = dir.join(format!("frame_{frames:06}.png"));
+                    std::fs::create_dir_all(dir)
+                        .and_then(|_| crate::render::write_png(&scene, &path))
+                        .map_err(|e| ReplayError::Render(format!("{}: {e}", path.display())))?;
                 }
                 if let Some(o) = out.as_mut() {
                     let stamp = frame.header().stamp_ns();

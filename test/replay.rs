@@ -15,7 +15,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn options(bag: PathBuf, out: Option<PathBuf>) -> ReplayOptions {
-    ReplayOptions { bag, topic: None, out, verbose_frames: false }
+    ReplayOptions { bag, topic: None, out, verbose_frames: false, render: None }
 }
 
 /// Replaying the sample writes every output topic once per scan, stamped like its input, and the
