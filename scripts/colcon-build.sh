@@ -79,7 +79,7 @@ for d in ('launch', 'config'):
         problems.append(f'{d}/ not installed completely: {src_files} vs {inst_files}')
     else:
         print(f'{d}/: {len(inst_files)} files installed')
-for b in ('voxelizer', 'sampler', 'neighbors', 'nms', 'pipeline'):
+for b in ('voxelizer', 'sampler', 'neighbors', 'nms', 'pipeline', 'detector'):
     exe = os.path.join(prefix, 'lib', 'lidar_kernels', b)
     if not os.access(exe, os.X_OK):
         problems.append(f'lib/lidar_kernels/{b} missing or not executable')
@@ -93,7 +93,7 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
 logdir="$ws/log/lk-start"
 mkdir -p "$logdir"
 fail=0
-for b in voxelizer sampler neighbors nms pipeline; do
+for b in voxelizer sampler neighbors nms pipeline detector; do
     log="$logdir/$b.log"
     "$install/lib/$pkg/$b" --ros-args -r __node:="lk_colcon_$b" >"$log" 2>&1 &
     p=$!

@@ -21,6 +21,12 @@ cargo run --release --quiet -- replay --quiet --out target/ci/replay_out
 .venv-py/bin/python test/python/check_sample_bag.py target/ci/replay_out --no-scans --any-layout \
     --points-topic /lidar_kernels/samples \
     --topics /lidar_kernels/voxels /lidar_kernels/voxel_features /lidar_kernels/downsampled /lidar_kernels/samples /lidar_kernels/neighborhoods
+rm -rf target/ci/replay_detect target/ci/render
+cargo run --release --quiet -- replay --quiet --render target/ci/render --out target/ci/replay_detect
+.venv-py/bin/python test/python/check_sample_bag.py target/ci/replay_detect --no-scans --any-layout \
+    --points-topic /lidar_kernels/detections \
+    --topics /lidar_kernels/clusters /lidar_kernels/markers /lidar_kernels/detections_3d
+.venv-py/bin/python test/python/check_png.py target/ci/render 4
 
 step "NVRTC: every kernel x every profile x sm_72/sm_87/sm_90"
 scripts/install-nvrtc.sh >/dev/null

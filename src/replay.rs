@@ -63,11 +63,11 @@ impl OutputBag {
         Ok(Self { writer, topics: BTreeMap::new() })
     }
 
-    fn write(&mut self, name: &'static str, log_time_ns: u64, cdr: &[u8]) -> Result<(), BagError> {
+    fn write(&mut self, name: &'static str, type_name: &str, log_time_ns: u64, cdr: &[u8]) -> Result<(), BagError> {
         let handle = match self.topics.get(name) {
             Some(h) => *h,
             None => {
-                let h = self.writer.add_topic(&format!("{OUTPUT_NAMESPACE}/{name}"), POINTCLOUD2_TYPE)?;
+                let h = self.writer.add_topic(&format!("{OUTPUT_NAMESPACE}/{name}"), type_name)?;
                 self.topics.insert(name, h);
                 h
             }
@@ -195,7 +195,7 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                         );
                     }
                     if let Some(o) = out.as_mut() {
-                        o.write(BOXES_TOPIC, header.stamp_ns(), kept.message().cdr())?;
+                        o.write(BOXES_TOPIC, POINTCLOUD2_TYPE, header.stamp_ns(), kept.message().cdr())?;
                     }
                 }
                 Err(e) => {
@@ -238,7 +238,10 @@ pub fn replay(opts: &ReplayOptions, config: PipelineConfig, engine: Engine) -> R
                 if let Some(o) = out.as_mut() {
                     let stamp = frame.header().stamp_ns();
                     for (name, m) in frame.messages() {
-                        o.write(name, stamp, m.cdr())?;
+                        o.write(name, POINTCLOUD2_TYPE, stamp, m.cdr())?;
+                    }
+                    for (name, type_name, cdr) in frame.typed_messages() {
+                        o.write(name, type_name, stamp, &cdr)?;
                     }
                 }
                 frames += 1;

@@ -24,6 +24,16 @@ pub const MSG_FILES: &[(&str, &str)] = &[
     ("visualization_msgs/msg/MeshFile", include_str!("../../msg/visualization_msgs/msg/MeshFile.msg")),
     ("visualization_msgs/msg/Marker", include_str!("../../msg/visualization_msgs/msg/Marker.msg")),
     ("visualization_msgs/msg/MarkerArray", include_str!("../../msg/visualization_msgs/msg/MarkerArray.msg")),
+    // vision_msgs/Detection3DArray (the detect stage's boxes in bags) and its dependencies.
+    ("geometry_msgs/msg/PoseWithCovariance", include_str!("../../msg/geometry_msgs/msg/PoseWithCovariance.msg")),
+    ("vision_msgs/msg/ObjectHypothesis", include_str!("../../msg/vision_msgs/msg/ObjectHypothesis.msg")),
+    (
+        "vision_msgs/msg/ObjectHypothesisWithPose",
+        include_str!("../../msg/vision_msgs/msg/ObjectHypothesisWithPose.msg"),
+    ),
+    ("vision_msgs/msg/BoundingBox3D", include_str!("../../msg/vision_msgs/msg/BoundingBox3D.msg")),
+    ("vision_msgs/msg/Detection3D", include_str!("../../msg/vision_msgs/msg/Detection3D.msg")),
+    ("vision_msgs/msg/Detection3DArray", include_str!("../../msg/vision_msgs/msg/Detection3DArray.msg")),
 ];
 
 /// The 80 `=` line that separates the definitions of dependencies.

@@ -10,8 +10,8 @@ pub mod stats;
 pub use config::{ConfigError, FeaturesDtype, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 pub use engine::Engine;
 pub use stages::{
-    StageResults, BOXES_TOPIC, CLUSTERS_TOPIC, DETECTIONS_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC,
-    VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,
+    StageResults, BOXES_TOPIC, CLUSTERS_TOPIC, DETECTIONS_3D_TOPIC, DETECTIONS_TOPIC, DOWNSAMPLED_TOPIC, MARKERS_TOPIC,
+    NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,
 };
 pub use stats::{GpuFallbackStats, LatencySamples, PipelineStats};
 
@@ -55,10 +55,13 @@ pub struct Neighborhoods {
 pub struct FrameOutput<'a> {
     pub view: CloudView<'a>,
     pub results: StageResults,
-    /// Every output as (topic, message), in a fixed order (the `encode` stage).
+    /// Every PointCloud2 output as (topic, message), in a fixed order (the `encode` stage).
     pub messages: Vec<(&'static str, CloudMessage)>,
     pub timings: Timings,
 }
+
+/// Marker namespace of the detect stage's boxes.
+pub const DETECTION_MARKER_NS: &str = "lidar_kernels_detections";
 
 /// Per-stage wall times of one frame, in stage order.
 pub type Timings = Vec<(&'static str, Duration)>;
@@ -226,6 +229,19 @@ impl FrameOutput<'_> {
     /// Every output as (topic, message), in a fixed order.
     pub fn messages(&self) -> &[(&'static str, CloudMessage)] {
         &self.messages
+    }
+
+    /// The outputs that are not PointCloud2, as (topic, ROS type, CDR): the detect stage's kept
+    /// boxes as RViz markers (namespace [`DETECTION_MARKER_NS`]) and as a Detection3DArray.
+    pub fn typed_messages(&self) -> Vec<(&'static str, &'static str, Vec<u8>)> {
+        let Some(d) = &self.results.detections else { return Vec::new() };
+        let h = self.header();
+        let boxes: Vec<Box3d> = d.kept().map(|c| c.bbox).collect();
+        let classes: Vec<i32> = d.kept().map(|c| c.class).collect();
+        vec![
+            (MARKERS_TOPIC, outputs::MARKER_ARRAY_TYPE, outputs::markers_cdr(h, &boxes, &classes, DETECTION_MARKER_NS)),
+            (DETECTIONS_3D_TOPIC, outputs::DETECTION_3D_ARRAY_TYPE, outputs::detections_3d_cdr(h, d)),
+        ]
     }
 }
 

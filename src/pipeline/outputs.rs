@@ -5,7 +5,7 @@
 use super::config::FeaturesDtype;
 use super::{Neighborhoods, Voxels};
 use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
-use crate::ops::detect::{Cluster, Detections};
+use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
 use std::borrow::Cow;
@@ -352,12 +352,52 @@ pub fn markers_cdr(header: &Header, boxes: &[Box3d], labels: &[i32], ns: &str) -
         [0.0; 4],
     );
     for (i, b) in boxes.iter().enumerate() {
-        let half = b.yaw as f64 * 0.5;
-        let pose = [b.x as f64, b.y as f64, b.z as f64, 0.0, 0.0, half.sin(), half.cos()];
+        let pose = box_pose(b);
         let scale = [b.length as f64, b.width as f64, b.height as f64];
         let label = labels.get(i).copied().unwrap_or(0);
         let color = LABEL_COLORS[label.rem_euclid(LABEL_COLORS.len() as i32) as usize];
         write_marker(&mut w, header, ns, i as i32, MARKER_CUBE, MARKER_ADD, pose, scale, color);
+    }
+    w.finish()
+}
+
+/// A box's centre and its yaw as a quaternion about z: position xyz, orientation xyzw.
+fn box_pose(b: &Box3d) -> [f64; 7] {
+    let half = b.yaw as f64 * 0.5;
+    [b.x as f64, b.y as f64, b.z as f64, 0.0, 0.0, half.sin(), half.cos()]
+}
+
+/// ROS type of [`detections_3d_cdr`]'s message.
+pub const DETECTION_3D_ARRAY_TYPE: &str = "vision_msgs/msg/Detection3DArray";
+
+/// The detect stage's kept boxes as a CDR-encoded vision_msgs/msg/Detection3DArray (vision_msgs
+/// 4.x, ROS 2 Humble/Jazzy), in keep order: one hypothesis per box (`class_id` car / pedestrian /
+/// cyclist / unknown, the box's score; pose = the box centre and yaw, covariance all zero),
+/// `bbox` the same pose and length, width, height, `id` the cluster's id.
+pub fn detections_3d_cdr(header: &Header, d: &Detections) -> Vec<u8> {
+    let mut w = CdrWriter::new();
+    header.write(&mut w);
+    w.u32(d.keep.len() as u32);
+    for &k in &d.keep {
+        let c = &d.clusters[k as usize];
+        let pose = box_pose(&c.bbox);
+        header.write(&mut w);
+        w.u32(1); // results[]
+        w.string(CLASS_NAMES[c.class.clamp(0, 3) as usize]);
+        w.f64(c.score as f64);
+        for v in pose {
+            w.f64(v);
+        }
+        for _ in 0..36 {
+            w.f64(0.0); // covariance: none estimated
+        }
+        for v in pose {
+            w.f64(v);
+        }
+        for v in [c.bbox.length, c.bbox.width, c.bbox.height] {
+            w.f64(v as f64);
+        }
+        w.string(&k.to_string());
     }
     w.finish()
 }

@@ -20,6 +20,9 @@ pub const NEIGHBORHOODS_TOPIC: &str = "neighborhoods";
 pub const BOXES_TOPIC: &str = "boxes";
 pub const DETECTIONS_TOPIC: &str = "detections";
 pub const CLUSTERS_TOPIC: &str = "clusters";
+/// The detect stage's boxes as visualization_msgs/MarkerArray and as vision_msgs/Detection3DArray.
+pub const MARKERS_TOPIC: &str = "markers";
+pub const DETECTIONS_3D_TOPIC: &str = "detections_3d";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StageId {
@@ -63,7 +66,12 @@ pub const STAGES: [StageSpec; 5] = [
         input: "the FPS samples as queries into fps.input",
         topics: &[NEIGHBORHOODS_TOPIC],
     },
-    StageSpec { id: StageId::Detect, key: "detect", input: "the cloud", topics: &[DETECTIONS_TOPIC, CLUSTERS_TOPIC] },
+    StageSpec {
+        id: StageId::Detect,
+        key: "detect",
+        input: "the cloud",
+        topics: &[DETECTIONS_TOPIC, CLUSTERS_TOPIC, MARKERS_TOPIC, DETECTIONS_3D_TOPIC],
+    },
 ];
 
 /// A stage that is on while a stage it needs is off.

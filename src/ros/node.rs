@@ -8,13 +8,13 @@
 //!  parameter services on the tokio runtime; Ctrl-C / SIGTERM: stop within SHUTDOWN_GRACE
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context as _};
+use anyhow::{anyhow, bail, Context as _};
 use futures::StreamExt;
 use r2r::QosProfile;
 
@@ -382,10 +382,22 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     let out_qos = qos(params.bool("output_reliable").unwrap_or(true), params.int("output_depth").unwrap_or(10));
     let mut publishers = HashMap::new();
     let mut output_resolved = Vec::new();
+    let mut unavailable = HashSet::new();
     for o in stage.outputs() {
-        let p = node
-            .create_publisher_untyped(&o.topic, &o.type_name, out_qos.clone())
-            .map_err(|e| anyhow!("publisher '{}' ({}): {e}", o.topic, o.type_name))?;
+        let p = match node.create_publisher_untyped(&o.topic, &o.type_name, out_qos.clone()) {
+            Ok(p) => p,
+            Err(e) if o.optional => {
+                r2r::log_warn!(
+                    &logger,
+                    "not publishing '{}': no {} in this ROS environment ({e})",
+                    o.topic,
+                    o.type_name
+                );
+                unavailable.insert(o.topic.clone());
+                continue;
+            }
+            Err(e) => bail!("publisher '{}' ({}): {e}", o.topic, o.type_name),
+        };
         output_resolved.push(resolve_topic(&o.topic, &args, &node_name, &namespace));
         publishers.insert(o.topic.clone(), p);
     }
@@ -465,7 +477,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
         let (queue, stats, table, logger) = (queue.clone(), stats.clone(), table.clone(), logger.clone());
         std::thread::Builder::new()
             .name("lk-process".into())
-            .spawn(move || process_loop(stage, queue, stats, table, publishers, logger, params))?
+            .spawn(move || process_loop(stage, queue, stats, table, (publishers, unavailable), logger, params))?
     };
 
     // Diagnostics, with the QoS checks against what the spin thread read from the graph.
@@ -692,7 +704,7 @@ fn process_loop<S: Stage>(
     queue: Arc<LatestQueue<Frame>>,
     stats: Arc<NodeStats>,
     table: Arc<Mutex<ParamTable>>,
-    publishers: HashMap<String, r2r::PublisherUntyped>,
+    (publishers, unavailable): (HashMap<String, r2r::PublisherUntyped>, HashSet<String>),
     logger: String,
     mut params: Params,
 ) {
@@ -771,6 +783,8 @@ fn process_loop<S: Stage>(
                                 }
                             }
                         },
+                        // Said once at start: this ROS environment lacks the topic's type.
+                        None if unavailable.contains(&topic) => {}
                         None => {
                             stats.publish_errors.fetch_add(1, Ordering::Relaxed);
                             if error_log.check(Instant::now()).is_some() {

@@ -25,10 +25,10 @@ use super::stage::{Input, Output, OutputSpec, ParamSpec, ParamValue, Params, Sta
 use crate::cloud::POINTCLOUD2_TYPE;
 use crate::gpu::{BackendKind, ProfileChoice};
 use crate::pipeline::config::{leaves, set_path};
-use crate::pipeline::outputs::{markers_cdr, MARKER_ARRAY_TYPE};
+use crate::pipeline::outputs::{markers_cdr, DETECTION_3D_ARRAY_TYPE, MARKER_ARRAY_TYPE};
 use crate::pipeline::{
-    ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, DOWNSAMPLED_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC,
-    VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,
+    ConfigError, Engine, Pipeline, PipelineConfig, BOXES_TOPIC, CLUSTERS_TOPIC, DETECTIONS_3D_TOPIC, DETECTIONS_TOPIC,
+    DOWNSAMPLED_TOPIC, MARKERS_TOPIC, NEIGHBORHOODS_TOPIC, SAMPLES_TOPIC, VOXELS_TOPIC, VOXEL_FEATURES_TOPIC,
 };
 
 /// Which node: which stages it runs, which parameters it declares, which topics it publishes.
@@ -38,17 +38,22 @@ pub enum NodeKind {
     Voxelizer,
     Sampler,
     Neighbors,
+    Detector,
     Nms,
 }
 
-/// Output topic of the NMS node's markers (relative to the node: `~/markers`).
-pub const MARKERS_TOPIC: &str = "markers";
 /// Marker namespace of the NMS node's boxes.
 pub const MARKER_NS: &str = "lidar_kernels_boxes";
 
 impl NodeKind {
-    pub const ALL: [NodeKind; 5] =
-        [NodeKind::Pipeline, NodeKind::Voxelizer, NodeKind::Sampler, NodeKind::Neighbors, NodeKind::Nms];
+    pub const ALL: [NodeKind; 6] = [
+        NodeKind::Pipeline,
+        NodeKind::Voxelizer,
+        NodeKind::Sampler,
+        NodeKind::Neighbors,
+        NodeKind::Detector,
+        NodeKind::Nms,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -56,6 +61,7 @@ impl NodeKind {
             NodeKind::Voxelizer => "voxelizer",
             NodeKind::Sampler => "sampler",
             NodeKind::Neighbors => "neighbors",
+            NodeKind::Detector => "detector",
             NodeKind::Nms => "nms",
         }
     }
@@ -63,10 +69,11 @@ impl NodeKind {
     /// Configuration sections whose keys the node declares as parameters.
     pub fn sections(self) -> &'static [&'static str] {
         match self {
-            NodeKind::Pipeline => &["features", "voxelize", "downsample", "fps", "neighbors"],
+            NodeKind::Pipeline => &["features", "voxelize", "downsample", "fps", "neighbors", "detect"],
             NodeKind::Voxelizer => &["features", "voxelize", "downsample"],
             NodeKind::Sampler => &["fps"],
             NodeKind::Neighbors => &["fps", "neighbors"],
+            NodeKind::Detector => &["detect"],
             NodeKind::Nms => &["nms"],
         }
     }
@@ -75,9 +82,12 @@ impl NodeKind {
     fn forced(self) -> &'static [(&'static str, &'static str)] {
         match self {
             NodeKind::Pipeline => &[("nms.enabled", "false")],
-            NodeKind::Voxelizer => {
-                &[("fps.enabled", "false"), ("neighbors.enabled", "false"), ("nms.enabled", "false")]
-            }
+            NodeKind::Voxelizer => &[
+                ("fps.enabled", "false"),
+                ("neighbors.enabled", "false"),
+                ("detect.enabled", "false"),
+                ("nms.enabled", "false"),
+            ],
             // No downsample stage in these nodes, so FPS runs on the cloud.
             NodeKind::Sampler => &[
                 ("voxelize.enabled", "false"),
@@ -85,6 +95,7 @@ impl NodeKind {
                 ("fps.enabled", "true"),
                 ("fps.input", "cloud"),
                 ("neighbors.enabled", "false"),
+                ("detect.enabled", "false"),
                 ("nms.enabled", "false"),
             ],
             NodeKind::Neighbors => &[
@@ -93,6 +104,15 @@ impl NodeKind {
                 ("fps.enabled", "true"),
                 ("fps.input", "cloud"),
                 ("neighbors.enabled", "true"),
+                ("detect.enabled", "false"),
+                ("nms.enabled", "false"),
+            ],
+            NodeKind::Detector => &[
+                ("voxelize.enabled", "false"),
+                ("downsample.enabled", "false"),
+                ("fps.enabled", "false"),
+                ("neighbors.enabled", "false"),
+                ("detect.enabled", "true"),
                 ("nms.enabled", "false"),
             ],
             NodeKind::Nms => &[
@@ -100,6 +120,7 @@ impl NodeKind {
                 ("downsample.enabled", "false"),
                 ("fps.enabled", "false"),
                 ("neighbors.enabled", "false"),
+                ("detect.enabled", "false"),
                 ("nms.enabled", "true"),
             ],
         }
@@ -108,12 +129,21 @@ impl NodeKind {
     /// Output topics (relative names, published under the node: `~/<topic>`).
     pub fn topics(self) -> &'static [&'static str] {
         match self {
-            NodeKind::Pipeline => {
-                &[VOXELS_TOPIC, VOXEL_FEATURES_TOPIC, DOWNSAMPLED_TOPIC, SAMPLES_TOPIC, NEIGHBORHOODS_TOPIC]
-            }
+            NodeKind::Pipeline => &[
+                VOXELS_TOPIC,
+                VOXEL_FEATURES_TOPIC,
+                DOWNSAMPLED_TOPIC,
+                SAMPLES_TOPIC,
+                NEIGHBORHOODS_TOPIC,
+                DETECTIONS_TOPIC,
+                CLUSTERS_TOPIC,
+                MARKERS_TOPIC,
+                DETECTIONS_3D_TOPIC,
+            ],
             NodeKind::Voxelizer => &[VOXELS_TOPIC, VOXEL_FEATURES_TOPIC, DOWNSAMPLED_TOPIC],
             NodeKind::Sampler => &[SAMPLES_TOPIC],
             NodeKind::Neighbors => &[NEIGHBORHOODS_TOPIC],
+            NodeKind::Detector => &[DETECTIONS_TOPIC, CLUSTERS_TOPIC, MARKERS_TOPIC, DETECTIONS_3D_TOPIC],
             NodeKind::Nms => &[BOXES_TOPIC, MARKERS_TOPIC],
         }
     }
@@ -129,6 +159,7 @@ struct KeyInfo {
 }
 
 const I32_MAX: f64 = i32::MAX as f64;
+const U32_MAX: f64 = u32::MAX as f64;
 const KEYS: &[KeyInfo] = &[
     KeyInfo { key: "features", description: "Channels after x, y, z carried into the voxel features ('intensity' also matches the fields reflectivity and i); [] for clouds without intensity.", range: None, choices: &[] },
     KeyInfo { key: "voxelize.enabled", description: "Run the voxelize stage (output ~/voxels).", range: None, choices: &[] },
@@ -152,6 +183,34 @@ const KEYS: &[KeyInfo] = &[
     KeyInfo { key: "neighbors.ball_query.min_radius", description: "Inner radius in metres, >= 0 and < radius.", range: Some((0.0, 1e4)), choices: &[] },
     KeyInfo { key: "neighbors.ball_query.nsample", description: "Neighbours per query (ball query).", range: Some((1.0, 65536.0)), choices: &[] },
     KeyInfo { key: "neighbors.ball_query.padding", description: "Unfilled slots: first_found (mmcv/PointNet++) or minus_one (PyTorch3D).", range: None, choices: &["first_found", "minus_one"] },
+    KeyInfo { key: "detect.enabled", description: "Run the detector: ground, clusters, boxes, NMS (outputs ~/detections, ~/clusters, ~/markers, ~/detections_3d).", range: None, choices: &[] },
+    KeyInfo { key: "detect.range_m", description: "Half side in metres of the square around the sensor that is segmented and clustered; points outside are out of range (counted).", range: Some((1e-3, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.ground.cell_m", description: "Ground cell side in metres.", range: Some((1e-3, 100.0)), choices: &[] },
+    KeyInfo { key: "detect.ground.window_cells", description: "Cells on each side whose lowest points bound a cell's ground level.", range: Some((0.0, 64.0)), choices: &[] },
+    KeyInfo { key: "detect.ground.max_slope", description: "Steepest ground slope (rise over run) followed from cell to cell.", range: Some((1e-6, 10.0)), choices: &[] },
+    KeyInfo { key: "detect.ground.height_tol_m", description: "Points at most this many metres above the ground level are ground.", range: Some((1e-6, 100.0)), choices: &[] },
+    KeyInfo { key: "detect.ground.max_height_m", description: "Points more than this many metres above the ground level are overhead, not clustered; > height_tol_m.", range: Some((1e-6, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.cluster.cell_m", description: "Cluster cell side in metres: object points in touching cells are one cluster.", range: Some((1e-3, 100.0)), choices: &[] },
+    KeyInfo { key: "detect.cluster.min_points", description: "Fewest points of a cluster that gets a box.", range: Some((1.0, U32_MAX)), choices: &[] },
+    KeyInfo { key: "detect.cluster.max_points", description: "Most points of a cluster that gets a box; >= min_points.", range: Some((1.0, U32_MAX)), choices: &[] },
+    KeyInfo { key: "detect.boxes.angles", description: "Headings in [0, 90) degrees tried by the minimum-area box fit.", range: Some((1.0, 1024.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.max_length_m", description: "Boxes longer than this (metres) are dropped.", range: Some((1e-6, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.max_width_m", description: "Boxes wider than this (metres) are dropped.", range: Some((1e-6, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.min_height_m", description: "Boxes lower than this (metres) are dropped.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.score_half_points", description: "A cluster of this many points scores 0.5 (score = n / (n + this)).", range: Some((1e-6, 1e9)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.car.length", description: "[min, max] box length in metres of a car.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.car.width", description: "[min, max] box width in metres of a car.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.car.height", description: "[min, max] box height in metres of a car.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.car.clearance", description: "[min, max] height in metres of a car's lowest point above the ground level.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.pedestrian.length", description: "[min, max] box length in metres of a pedestrian.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.pedestrian.width", description: "[min, max] box width in metres of a pedestrian.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.pedestrian.height", description: "[min, max] box height in metres of a pedestrian.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.pedestrian.clearance", description: "[min, max] height in metres of a pedestrian's lowest point above the ground level.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.cyclist.length", description: "[min, max] box length in metres of a cyclist.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.cyclist.width", description: "[min, max] box width in metres of a cyclist.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.cyclist.height", description: "[min, max] box height in metres of a cyclist.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.classes.cyclist.clearance", description: "[min, max] height in metres of a cyclist's lowest point above the ground level.", range: Some((0.0, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.nms_iou", description: "Rotated BEV IoU above which the lower-scored of two boxes is dropped.", range: Some((0.0, 1.0)), choices: &[] },
     KeyInfo { key: "nms.kind", description: "axis_aligned (BEV IoU of axis-aligned boxes), rotated_bev (rotated BEV IoU) or circle (BEV centre distance).", range: None, choices: &["axis_aligned", "rotated_bev", "circle"] },
     KeyInfo { key: "nms.threshold", description: "IoU kinds: suppress when IoU > threshold, in (0, 1]; circle: centre distance in metres, > 0.", range: Some((1e-9, 1e4)), choices: &[] },
     KeyInfo { key: "nms.score_threshold", description: "Candidates have score >= this (-.inf: all).", range: None, choices: &[] },
@@ -410,9 +469,12 @@ impl Stage for PipelineStage {
         self.kind
             .topics()
             .iter()
-            .map(|t| {
-                let ty = if *t == MARKERS_TOPIC { MARKER_ARRAY_TYPE } else { POINTCLOUD2_TYPE };
-                OutputSpec::new(&format!("~/{t}"), ty)
+            .map(|&t| match t {
+                MARKERS_TOPIC => OutputSpec::new(&format!("~/{t}"), MARKER_ARRAY_TYPE),
+                // vision_msgs is not in every ROS environment (not in the PyPI wheels): without its
+                // type support the node runs without this topic and says so once.
+                DETECTIONS_3D_TOPIC => OutputSpec::optional(&format!("~/{t}"), DETECTION_3D_ARRAY_TYPE),
+                _ => OutputSpec::new(&format!("~/{t}"), POINTCLOUD2_TYPE),
             })
             .collect()
     }
@@ -478,11 +540,21 @@ impl Stage for PipelineStage {
             let frame = p.process(input.view.clone())?;
             let topics = self.kind.topics();
             self.last.push(("last.points".into(), frame.results.points.to_string()));
+            let typed = frame.typed_messages();
             // The messages' CDR bytes move to the publishers (a copy of ~17 MB a frame otherwise).
             for (topic, msg) in frame.messages {
                 if topics.contains(&topic) {
                     self.last.push((format!("last.{topic}"), msg.num_points().to_string()));
                     out.push((format!("~/{topic}"), msg.into_cdr()));
+                }
+            }
+            if let Some(d) = &frame.results.detections {
+                self.last.push(("last.clusters".into(), d.clusters.len().to_string()));
+                self.last.push(("last.boxes_kept".into(), d.keep.len().to_string()));
+            }
+            for (topic, _, cdr) in typed {
+                if topics.contains(&topic) {
+                    out.push((format!("~/{topic}"), cdr));
                 }
             }
         }

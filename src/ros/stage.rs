@@ -180,11 +180,16 @@ impl Params {
 pub struct OutputSpec {
     pub topic: String,
     pub type_name: String,
+    /// A topic the node runs without (logged once) when the ROS environment lacks its type.
+    pub optional: bool,
 }
 
 impl OutputSpec {
     pub fn new(topic: &str, type_name: &str) -> Self {
-        Self { topic: topic.into(), type_name: type_name.into() }
+        Self { topic: topic.into(), type_name: type_name.into(), optional: false }
+    }
+    pub fn optional(topic: &str, type_name: &str) -> Self {
+        Self { optional: true, ..Self::new(topic, type_name) }
     }
 }
 

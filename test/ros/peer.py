@@ -2,7 +2,7 @@
 """rclpy peer for the lidar_kernels node tests (run by test/ros/run.sh in the ros-env venv).
 
 Modes:
-  outputs   The nodes given with --node KIND=FQN (pipeline, voxelizer, sampler, neighbors) all
+  outputs   The nodes given with --node KIND=FQN (pipeline, voxelizer, sampler, neighbors, detector) all
             subscribe to --input. The peer publishes every scan of the sample bag twice, first the
             bag's own CDR bytes (the Ouster driver's 48-byte point), then converted to packed xyzi,
             and checks every output of every node against the `lidar-kernels replay` output bag of
@@ -48,7 +48,8 @@ NP = {PointField.INT8: 'i1', PointField.UINT8: 'u1', PointField.INT16: 'i2', Poi
       PointField.INT32: 'i4', PointField.UINT32: 'u4', PointField.FLOAT32: 'f4', PointField.FLOAT64: 'f8'}
 TOPICS = {'pipeline': ['voxels', 'voxel_features', 'downsampled', 'samples', 'neighborhoods'],
           'voxelizer': ['voxels', 'voxel_features', 'downsampled'],
-          'sampler': ['samples'], 'neighbors': ['neighborhoods'], 'nms': ['boxes']}
+          'sampler': ['samples'], 'neighbors': ['neighborhoods'], 'nms': ['boxes'],
+          'detector': ['detections', 'clusters']}
 XYZI_OFFSET_NS = 1000 * 1_000_000_000  # stamps of the xyzi round: the bag's + 1000 s
 
 
@@ -106,11 +107,12 @@ def small_cloud(n, ns, frame_id='lk_small'):
 
 
 def read_bag(path):
-    """{topic: [(stamp_ns, raw CDR)]} of a rosbag2 folder (rosbags)."""
+    """{topic: [(stamp_ns, raw CDR)]} of the PointCloud2 topics of a rosbag2 folder (rosbags)."""
     from rosbags.rosbag2 import Reader
     out = {}
     with Reader(path) as r:
-        for conn, _t, raw in r.messages():
+        clouds = [c for c in r.connections if c.msgtype == 'sensor_msgs/msg/PointCloud2']
+        for conn, _t, raw in r.messages(connections=clouds):
             m = deserialize_message(bytes(raw), PointCloud2)
             out.setdefault(conn.topic, []).append((stamp_ns(m), bytes(raw)))
     return out

@@ -28,7 +28,7 @@ cd "$root"
 source scripts/ros-env.sh
 set -u
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/ros}"
-BINS=(voxelizer sampler neighbors nms pipeline)
+BINS=(voxelizer sampler neighbors nms pipeline detector)
 bindir="$CARGO_TARGET_DIR/release"
 logdir="$CARGO_TARGET_DIR/test-ros-logs"
 work="$CARGO_TARGET_DIR/test-ros-work"
@@ -117,28 +117,31 @@ section "2. expected outputs (replay)"
 "$bindir/lidar-kernels" sample "$work/sample" >/dev/null
 bag="$work/sample/ouster_sample"
 rc=0
+# --render turns the detect stage on (the detector node's expected outputs) and draws every frame.
 "$bindir/lidar-kernels" replay "$bag" --config config/pipeline.yaml --backend cpu --quiet --out "$work/expected" \
-    >"$logdir/replay.log" 2>&1 || rc=$?
+    --render "$work/render" >"$logdir/replay.log" 2>&1 || rc=$?
 check "$rc" "replay of the sample bag (expected outputs): $(grep -o 'replayed.*' "$logdir/replay.log" | head -1)"
+n_png=$(find "$work/render" -name 'frame_*.png' | wc -l)
+check "$([ "$n_png" -eq 4 ] && echo 0 || echo 1)" "replay --render wrote one PNG per scan ($n_png)"
 
 # 3. Four point-cloud nodes on one input topic, against the peer.
-section "3. pipeline, voxelizer, sampler, neighbors vs replay"
+section "3. pipeline, voxelizer, sampler, neighbors, detector vs replay"
 common=(-p reliable:=true -p qos_depth:=16 -p output_depth:=10 -p malformed_log_period:=1.0 -p config_file:=config/pipeline.yaml
         -r points:=/lk_test/points)
 node_args=()
 declare -A npid
-for b in pipeline voxelizer sampler neighbors; do
+for b in pipeline voxelizer sampler neighbors detector; do
     start_node "$b" "lk_$b" "$logdir/$b.log" "${common[@]}" -p backend:=cpu
     npid[$b]=$started_pid
     node_args+=(--node "$b=/lk_$b")
 done
-for b in pipeline voxelizer sampler neighbors; do
+for b in pipeline voxelizer sampler neighbors detector; do
     wait_for_line "$logdir/$b.log" "input '" "${npid[$b]}" 30 && rc=0 || rc=$?
     check $rc "$b started ($(grep -o 'backend: .*' "$logdir/$b.log" | head -1))"
 done
 run_peer "$logdir/peer-outputs.log" test/ros/peer.py outputs --input /lk_test/points "${node_args[@]}" --bag "$bag" \
     --expected "$work/expected"
-for b in pipeline voxelizer sampler neighbors; do
+for b in pipeline voxelizer sampler neighbors detector; do
     kill -0 "${npid[$b]}" 2>/dev/null && rc=0 || rc=$?
     check $rc "$b survived the peer"
 done
@@ -146,7 +149,7 @@ n_warn=$(grep -c "malformed PointCloud2" "$logdir/pipeline.log" || true)
 ok=0
 [ "$n_warn" -ge 1 ] && [ "$n_warn" -le 4 ] || ok=1
 check "$ok" "malformed clouds logged, rate-limited ($n_warn log lines for 4 clouds)"
-for b in pipeline voxelizer sampler neighbors; do
+for b in pipeline voxelizer sampler neighbors detector; do
     set +e; stop_node "${npid[$b]}" 10; rc=$?; set -e
     check "$rc" "$b stopped cleanly on SIGINT (exit $rc): $(grep -o 'stopped:.*' "$logdir/$b.log" | head -1)"
 done
