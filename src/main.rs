@@ -121,7 +121,7 @@ struct PipelineArgs {
     profile: String,
     /// Testing the GPU recovery: make a real CUDA call fail at the start of operator OP on frame
     /// FRAME (from 0). KIND: launch, copy, alloc (out of memory), illegal-address (sticky); OP:
-    /// gather, voxelize, downsample, fps, neighbors, nms. E.g. illegal-address@fps:10.
+    /// gather, voxelize, downsample, fps, neighbors, detect, nms. E.g. illegal-address@fps:10.
     #[arg(long, value_name = "KIND@OP:FRAME")]
     inject_gpu_fault: Option<FaultPlan>,
 }

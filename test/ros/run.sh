@@ -223,26 +223,29 @@ expect_refused config_file "config_file" sampler -p config_file:=/nonexistent.ya
 expect_refused neighbors_without_fps "fps.enabled" pipeline -p fps.enabled:=false
 
 # 7. 10 Hz of the sample's scans for 30 s into a pipeline that keeps up (voxelize + downsample on
-#    the CPU): node defaults (best-effort input, the package's Fast DDS profile, loaded by the node
+#    the CPU), and into the detector: node defaults (best-effort input, the package's Fast DDS profile, loaded by the node
 #    itself) against a best-effort publisher given the same profile (as README tells a driver), then
 #    both reliable. Delivered / sent to the node and every processed scan's outputs at the peer.
 section "7. streaming at 10 Hz"
-stream() { # stream LABEL PUBLISHER_QOS MIN_DELIVERED NODE_ARGS...
-    local label=$1 pq=$2 min=$3; shift 3
-    start_node pipeline "lk_stream_$label" "$logdir/stream-$label.log" -r points:="/lk_stream_$label/points" \
-        -p backend:=cpu -p fps.enabled:=false -p neighbors.enabled:=false "$@"
+stream() { # stream LABEL NODE "TOPICS" PUBLISHER_QOS MIN_DELIVERED NODE_ARGS...
+    local label=$1 node=$2 topics=$3 pq=$4 min=$5; shift 5
+    start_node "$node" "lk_stream_$label" "$logdir/stream-$label.log" -r points:="/lk_stream_$label/points" \
+        -p backend:=cpu "$@"
     local p=$started_pid
     wait_for_line "$logdir/stream-$label.log" "input '" "$p" 30 || check 1 "node started ($logdir/stream-$label.log)"
+    # shellcheck disable=SC2086
     FASTRTPS_DEFAULT_PROFILES_FILE="$root/config/fastdds_large_clouds.xml" run_peer "$logdir/peer-stream-$label.log" \
-        test/ros/peer.py stream --input "/lk_stream_$label/points" --node "pipeline=/lk_stream_$label" --bag "$bag" \
-        --rate 10 --seconds "${STREAM_SECONDS:-30}" --publisher-qos "$pq" --min-delivered "$min" \
-        --topics voxels voxel_features downsampled
+        test/ros/peer.py stream --input "/lk_stream_$label/points" --node "$node=/lk_stream_$label" --bag "$bag" \
+        --rate 10 --seconds "${STREAM_SECONDS:-30}" --publisher-qos "$pq" --min-delivered "$min" --topics $topics
     local src=0
     stop_node "$p" 10 || src=$?
     check "$src" "stream $label: node stopped cleanly (exit $src)"
 }
-stream defaults best_effort 0.99
-stream reliable reliable 1.0 -p reliable:=true
+pipeline_stream=(-p fps.enabled:=false -p neighbors.enabled:=false)
+stream defaults pipeline "voxels voxel_features downsampled" best_effort 0.99 "${pipeline_stream[@]}"
+stream reliable pipeline "voxels voxel_features downsampled" reliable 1.0 -p reliable:=true "${pipeline_stream[@]}"
+# The detector (~15 ms a scan on the CPU) keeps up too: every scan in, every scan's boxes out.
+stream detector detector "detections clusters" reliable 1.0 -p reliable:=true
 
 # 8. QoS mismatches, the input's and an output's (within 5 s), and a silent input, in /diagnostics.
 section "8. QoS mismatch diagnostics"

@@ -173,7 +173,7 @@ impl Default for DetectParams {
                     car: SizeWindow {
                         length: [2.2, 6.5],
                         width: [0.6, 2.6],
-                        height: [0.8, 2.0],
+                        height: [0.6, 2.0],
                         clearance: [0.0, 0.6],
                     },
                     pedestrian: SizeWindow {
