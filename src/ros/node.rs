@@ -387,7 +387,7 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
         let p = match node.create_publisher_untyped(&o.topic, &o.type_name, out_qos.clone()) {
             Ok(p) => p,
             Err(e) if o.optional => {
-                r2r::log_warn!(
+                r2r::log_info!(
                     &logger,
                     "not publishing '{}': no {} in this ROS environment ({e})",
                     o.topic,
