@@ -5,7 +5,7 @@
 // here with integer atomics (floats through an order-preserving key), so scheduling changes no
 // bit. Components come from a lock-free union-find whose roots may differ run to run; nothing
 // read out depends on the root, only on the set. Candidates get their rank (= order of their
-// label) by counting smaller labels, as nms_rank does.
+// label) by counting smaller labels, as nms_rank does, or for many candidates from a scan.
 #include "common.cuh"
 
 #define DET_BLOCK 256
@@ -245,7 +245,7 @@ det_stats(DetectArgs a, const float* __restrict__ xyz, const unsigned int* ccell
 // Step 4's candidates, appended in any order (ranked next).
 extern "C" __global__ void __launch_bounds__(DET_BLOCK)
 det_candidates(DetectArgs a, const unsigned int* first, const unsigned int* parent, const unsigned int* stats,
-               unsigned int* cand_label, unsigned int* cand_root, unsigned int* counters) {
+               unsigned int* cand_label, unsigned int* cand_root, unsigned int* label_flag, unsigned int* counters) {
     const unsigned int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= a.gc * a.gc || first[c] == DET_NONE || parent[c] != c) return;
     atomicAdd(&counters[C_COMPONENTS], 1u);
@@ -254,6 +254,7 @@ det_candidates(DetectArgs a, const unsigned int* first, const unsigned int* pare
                       __fsub_rn(det_value(s[5]), det_value(s[2])) <= a.max_extent &&
                       __fsub_rn(det_value(s[6]), det_value(s[3])) <= a.max_extent;
     if (!fits) return;
+    label_flag[s[1]] = 1;
     const unsigned int slot = atomicAdd(&counters[C_CANDIDATES], 1u);
     if (slot < a.cand_capacity) {
         cand_label[slot] = s[1];
@@ -261,29 +262,14 @@ det_candidates(DetectArgs a, const unsigned int* first, const unsigned int* pare
     }
 }
 
-// Rank of each candidate = number of smaller labels (labels are distinct point indices).
-extern "C" __global__ void __launch_bounds__(DET_BLOCK)
-det_rank(DetectArgs a, const unsigned int* cand_label, const unsigned int* cand_root, const unsigned int* stats,
-         const unsigned int* counters, unsigned int* cand_of_root, unsigned int* root_by_rank,
-         unsigned int* count_by_rank) {
-    const unsigned int j = blockIdx.x * blockDim.x + threadIdx.x;
-    const unsigned int k = counters[C_CANDIDATES];
-    if (j >= k) return;
-    const unsigned int mine = cand_label[j];
-    unsigned int rank = 0;
-    for (unsigned int q = 0; q < k; ++q) rank += cand_label[q] < mine;
-    const unsigned int root = cand_root[j];
-    cand_of_root[root] = rank;
-    root_by_rank[rank] = root;
-    count_by_rank[rank] = stats[9ull * root];
-}
+// Up to this many candidates, a candidate's rank is counted (k threads x k labels); beyond, it
+// is read from an exclusive scan of the label flags over all points (one block, O(points)), so a
+// cloud of scattered points with min_points 1 costs milliseconds, not k^2.
+#define DET_RANK_COUNT_MAX 4096u
 
-// One block: out[q] = sum of in[0..q) for q < counters[which]; counters[total_to] = the sum.
-extern "C" __global__ void __launch_bounds__(1024)
-det_scan(const unsigned int* in, unsigned int* out, unsigned int* counters, unsigned int which,
-         unsigned int total_to) {
+// One block: out[q] = sum of in[0..q) for q < k; returns the sum to every thread.
+__device__ __forceinline__ unsigned int det_block_scan(const unsigned int* in, unsigned int* out, unsigned int k) {
     __shared__ unsigned int s_warp[32];
-    const unsigned int k = counters[which];
     unsigned int carry = 0;
     for (unsigned int base = 0; base < k; base += 1024) {
         const unsigned int q = base + threadIdx.x;
@@ -293,7 +279,43 @@ det_scan(const unsigned int* in, unsigned int* out, unsigned int* counters, unsi
         if (q < k) out[q] = carry + excl;
         carry += total;
     }
+    return carry;
+}
+
+// One block: out[q] = sum of in[0..q) for q < counters[which]; counters[total_to] = the sum.
+extern "C" __global__ void __launch_bounds__(1024)
+det_scan(const unsigned int* in, unsigned int* out, unsigned int* counters, unsigned int which,
+         unsigned int total_to) {
+    const unsigned int carry = det_block_scan(in, out, counters[which]);
     if (threadIdx.x == 0 && total_to < 4) counters[total_to] = carry;
+}
+
+// The ranks of many candidates: label_rank[i] = candidate labels below point i.
+extern "C" __global__ void __launch_bounds__(1024)
+det_label_ranks(DetectArgs a, const unsigned int* counters, const unsigned int* label_flag, unsigned int* label_rank) {
+    if (counters[C_CANDIDATES] <= DET_RANK_COUNT_MAX) return;
+    det_block_scan(label_flag, label_rank, a.n);
+}
+
+// Rank of each candidate = number of smaller labels (labels are distinct point indices).
+extern "C" __global__ void __launch_bounds__(DET_BLOCK)
+det_rank(DetectArgs a, const unsigned int* cand_label, const unsigned int* cand_root, const unsigned int* stats,
+         const unsigned int* counters, const unsigned int* label_rank, unsigned int* cand_of_root,
+         unsigned int* root_by_rank, unsigned int* count_by_rank) {
+    const unsigned int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned int k = counters[C_CANDIDATES];
+    if (j >= k) return;
+    const unsigned int mine = cand_label[j];
+    unsigned int rank = 0;
+    if (k <= DET_RANK_COUNT_MAX) {
+        for (unsigned int q = 0; q < k; ++q) rank += cand_label[q] < mine;
+    } else {
+        rank = label_rank[mine];
+    }
+    const unsigned int root = cand_root[j];
+    cand_of_root[root] = rank;
+    root_by_rank[rank] = root;
+    count_by_rank[rank] = stats[9ull * root];
 }
 
 // Candidate point lists (order within a list is free: the fit only takes minima and maxima).

@@ -157,6 +157,17 @@ pub fn check(
         xyz_message(&rng.cloud(200_000, 40.0)),
         &fine,
     )?);
+    // More candidates than the kernels rank by counting: ranks from the scan of label flags.
+    let many = DetectParams {
+        cluster: crate::ops::detect::ClusterParams { cell_m: 0.1, min_points: 1, max_points: 500 },
+        ..fine.clone()
+    };
+    rows.push(row(
+        &mut gpu,
+        "random uniform 300k, 0.1 m cells, 1..500 points (> 4096 candidates)",
+        xyz_message(&rng.cloud(300_000, 60.0)),
+        &many,
+    )?);
     rows.push(row(&mut gpu, "empty cloud", xyz_message(&Cloud::default()), &p)?);
     Ok(rows)
 }

@@ -1,5 +1,5 @@
 //! The detector on the device (`cuda/detect.cu`): the semantics of [`super::detect`], the same
-//! integer outputs and the same box bits. One frame is 15 launches with no host round trip; the
+//! integer outputs and the same box bits. One frame is 16 launches with no host round trip; the
 //! counters, the kept clusters' records, the point classes and the labels are copied back once,
 //! and the backend's NMS keeps the boxes.
 
@@ -88,6 +88,8 @@ pub struct DeviceDetector {
     counters: GrowBuffer<u32>,
     cand_label: GrowBuffer<u32>,
     cand_root: GrowBuffer<u32>,
+    label_flag: GrowBuffer<u32>,
+    label_rank: GrowBuffer<u32>,
     root_by_rank: GrowBuffer<u32>,
     count_by_rank: GrowBuffer<u32>,
     offsets: GrowBuffer<u32>,
@@ -124,6 +126,8 @@ impl DeviceDetector {
             counters: GrowBuffer::new(s, 4)?,
             cand_label: GrowBuffer::new(s, 0)?,
             cand_root: GrowBuffer::new(s, 0)?,
+            label_flag: GrowBuffer::new(s, 0)?,
+            label_rank: GrowBuffer::new(s, 0)?,
             root_by_rank: GrowBuffer::new(s, 0)?,
             count_by_rank: GrowBuffer::new(s, 0)?,
             offsets: GrowBuffer::new(s, 0)?,
@@ -206,6 +210,8 @@ impl DeviceDetector {
         let counters = self.counters.ensure(s, 4)?;
         let cand_label = self.cand_label.ensure(s, cand_capacity)?;
         let cand_root = self.cand_root.ensure(s, cand_capacity)?;
+        let label_flag = self.label_flag.ensure(s, n)?;
+        let label_rank = self.label_rank.ensure(s, n)?;
         let root_by_rank = self.root_by_rank.ensure(s, cand_capacity)?;
         let count_by_rank = self.count_by_rank.ensure(s, cand_capacity)?;
         let offsets = self.offsets.ensure(s, cand_capacity)?;
@@ -218,6 +224,9 @@ impl DeviceDetector {
         let steps = &*self.steps.ensure(s, 1)?;
         let headings = &*self.headings.ensure(s, 1)?;
         let xyz = xyz.data;
+        if n > 0 {
+            s.memset_zeros(&mut label_flag.slice_mut(..n))?;
+        }
         let f = |name| ctx.function("detect", name);
         // SAFETY (every launch below): the arguments match the kernel's signature in
         // cuda/detect.cu in type and order, and every buffer holds what the kernel indexes
@@ -264,17 +273,22 @@ impl DeviceDetector {
             let k = f("det_candidates")?;
             let mut l = s.launch_builder(&k);
             l.arg(&args).arg(&*first).arg(&*parent).arg(&*stats).arg(&mut *cand_label).arg(&mut *cand_root);
-            l.arg(&mut *counters);
+            l.arg(&mut *label_flag).arg(&mut *counters);
             l.launch(blocks(cells_c))?;
+
+            let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+            let k = f("det_label_ranks")?;
+            let mut l = s.launch_builder(&k);
+            l.arg(&args).arg(&*counters).arg(&*label_flag).arg(&mut *label_rank);
+            l.launch(one_block)?;
 
             let k = f("det_rank")?;
             let mut l = s.launch_builder(&k);
-            l.arg(&args).arg(&*cand_label).arg(&*cand_root).arg(&*stats).arg(&*counters);
+            l.arg(&args).arg(&*cand_label).arg(&*cand_root).arg(&*stats).arg(&*counters).arg(&*label_rank);
             l.arg(&mut *cand_of_root).arg(&mut *root_by_rank).arg(&mut *count_by_rank);
             l.launch(blocks(cand_capacity))?;
 
             let scan = f("det_scan")?;
-            let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
             let (candidates, kept_total, members_total) = (1u32, 2u32, 3u32);
             let mut l = s.launch_builder(&scan);
             l.arg(&*count_by_rank).arg(&mut *offsets).arg(&mut *counters).arg(&candidates).arg(&members_total);
