@@ -288,10 +288,8 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
     out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
     if let Some(d) = &r.detections {
         out.push((DETECTIONS_TOPIC, outputs::detections_message(h, d)));
-        // The gathered x, y, z: the input's records (without the non-finite points dropped).
-        let points = view.gather().cloud;
         let source = view.source_indices(r.dropped_non_finite);
-        out.push((CLUSTERS_TOPIC, outputs::clusters_message(h, &points, &source, d)));
+        out.push((CLUSTERS_TOPIC, outputs::clusters_message(h, view, &source, d)));
     }
     out
 }

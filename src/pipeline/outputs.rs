@@ -247,13 +247,15 @@ pub fn detections_message(header: &Header, d: &Detections) -> CloudMessage {
 /// `clusters`: every gathered point, in order: x, y, z, `index` (UINT32, its record in the input
 /// message: every input field is one lookup away), `class` (UINT32: 0 object, 1 ground, 2 overhead,
 /// 3 out of range) and `cluster` (INT32: its cluster's id, -1 for none).
-pub fn clusters_message(header: &Header, points: &Cloud, source: &SourceIndex, d: &Detections) -> CloudMessage {
-    let n = points.len();
+pub fn clusters_message(header: &Header, view: &CloudView<'_>, source: &SourceIndex, d: &Detections) -> CloudMessage {
+    let n = d.labels.len();
+    let records: Vec<usize> = (0..n).map(|i| source.get(i)).collect();
+    let xyz: Vec<[f32; 3]> = records.iter().map(|&r| view.xyz(r)).collect();
     let columns = [
-        ("x", Column::F32(points.x().into())),
-        ("y", Column::F32(points.y().into())),
-        ("z", Column::F32(points.z().into())),
-        ("index", Column::U32((0..n).map(|i| source.get(i) as u32).collect())),
+        ("x", Column::F32(xyz.iter().map(|p| p[0]).collect())),
+        ("y", Column::F32(xyz.iter().map(|p| p[1]).collect())),
+        ("z", Column::F32(xyz.iter().map(|p| p[2]).collect())),
+        ("index", Column::U32(records.iter().map(|&r| r as u32).collect())),
         ("class", Column::U32(d.point_class.iter().map(|&c| c as u32).collect())),
         ("cluster", Column::I32(d.labels.as_slice().into())),
     ];

@@ -475,7 +475,7 @@ impl DisjointSets {
     }
 }
 
-/// A component's point count and BEV / z extent (step 4) and its fitting accumulator.
+/// A component's label, point count, extent in x, y, z and clearance (steps 4 and 6).
 #[derive(Debug, Clone, Copy)]
 struct Extent {
     label: u32,
