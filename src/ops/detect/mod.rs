@@ -62,8 +62,10 @@ use serde::{Deserialize, Serialize};
 pub const CLASS_NAMES: [&str; 4] = ["car", "pedestrian", "cyclist", "unknown"];
 pub const CLASS_UNKNOWN: i32 = 3;
 
-/// Largest grid side of either BEV grid (a grid is at most 8192 x 8192 cells, 256 MiB of levels).
-pub const MAX_GRID: u32 = 8192;
+/// Largest grid side of either BEV grid: 4096 x 4096 cells (with 80 m of range, cells down to
+/// 4 cm). The per-cell state is ~40 bytes on the GPU (9 statistics words), so one such cluster
+/// grid is ~670 MB; the defaults use 534 x 534 cells (~11 MB).
+pub const MAX_GRID: u32 = 4096;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -267,7 +269,10 @@ impl Validate for DetectParams {
                 return Err(ParamError::new(
                     key,
                     cell,
-                    &format!("at least 2 * range_m / {MAX_GRID} (the grid would have {g} cells a side)"),
+                    &format!(
+                        "at least 2 * range_m / {MAX_GRID} = {} m (the grid would have {g} cells a side)",
+                        2.0 * self.range_m / MAX_GRID as f32
+                    ),
                 ));
             }
         }
