@@ -124,17 +124,9 @@ pub fn find_frames(dir: &Path) -> Result<Vec<EvalFrame>, EvalError> {
 
 /// A `.bin` scan of `stride` float32 per point as a cloud (x, y, z, intensity).
 pub fn load_scan(path: &Path, stride: usize) -> Result<Cloud, EvalError> {
-    let err = |message: String| EvalError::Read { path: path.display().to_string(), message };
-    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
-    if bytes.len() % (4 * stride) != 0 {
-        return Err(err(format!(
-            "{} bytes is not a multiple of {} ({stride} float32 per point)",
-            bytes.len(),
-            4 * stride
-        )));
-    }
-    let values: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let column = |k: usize| values.iter().skip(k).step_by(stride).copied().collect::<Vec<f32>>();
+    let mut columns = crate::bag::sample::read_f32_columns(path, stride)
+        .map_err(|e| EvalError::Read { path: path.display().to_string(), message: e.to_string() })?;
+    let mut column = |k: usize| std::mem::take(&mut columns[k]);
     Ok(Cloud::from_xyz(column(0), column(1), column(2)).with_channel("intensity", column(3)))
 }
 
@@ -275,7 +267,6 @@ pub struct FrameResult {
     /// The gathered cloud the detections index.
     pub cloud: Cloud,
     pub detections: Detections,
-    pub predictions: Vec<Prediction>,
     pub truth: Vec<GroundTruth>,
     /// The detect stage's wall time.
     pub detect_time: Duration,
@@ -311,7 +302,6 @@ pub fn eval_frame(pipeline: &mut Pipeline, frame: &EvalFrame) -> Result<FrameRes
         points: out.results.points,
         cloud: out.view.gather().cloud,
         detections,
-        predictions: preds,
         truth,
         detect_time,
         counts,

@@ -103,16 +103,11 @@ impl View {
         if axes[0].is_empty() {
             return Self { cx: 0.0, cy: 0.0, metres_per_pixel: 0.1 };
         }
-        let [lo, hi]: [[f32; 2]; 2] = {
-            let mut lo = [0.0; 2];
-            let mut hi = [0.0; 2];
-            for (a, v) in axes.iter_mut().enumerate() {
-                v.sort_by(f32::total_cmp);
-                lo[a] = v[v.len() / 100];
-                hi[a] = v[v.len() - 1 - v.len() / 100];
-            }
-            [lo, hi]
-        };
+        for v in &mut axes {
+            v.sort_by(f32::total_cmp);
+        }
+        let lo = axes.each_ref().map(|v| v[v.len() / 100]);
+        let hi = axes.each_ref().map(|v| v[v.len() - 1 - v.len() / 100]);
         let side = (hi[0] - lo[0]).max(hi[1] - lo[1]) + 8.0;
         Self { cx: (lo[0] + hi[0]) * 0.5, cy: (lo[1] + hi[1]) * 0.5, metres_per_pixel: side / SIZE as f32 }
     }

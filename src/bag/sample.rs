@@ -5,18 +5,25 @@ use crate::bag::{BagError, McapBagWriter, METADATA_FILE};
 use crate::cloud::{Cloud, Header, PointCloud2, PointLayout, POINTCLOUD2_TYPE};
 use std::path::{Path, PathBuf};
 
-/// Reads an Ouster `.bin` scan (little-endian float32 `x y z reflectivity ring t`, t in seconds)
-/// into a cloud with channels x, y, z, reflectivity, ring, t.
-pub fn load_ouster_bin(path: &Path) -> std::io::Result<Cloud> {
+/// The columns of a `.bin` scan of `stride` little-endian float32 values per point. Errors do not
+/// repeat the path: every caller names it.
+pub fn read_f32_columns(path: &Path, stride: usize) -> std::io::Result<Vec<Vec<f32>>> {
     let bytes = std::fs::read(path)?;
-    if bytes.len() % 24 != 0 {
+    if bytes.len() % (4 * stride) != 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{}: {} bytes is not a multiple of 24 (6 float32 per point)", path.display(), bytes.len()),
+            format!("{} bytes is not a multiple of {} ({stride} float32 per point)", bytes.len(), 4 * stride),
         ));
     }
     let values: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-    let column = |k: usize| values.iter().skip(k).step_by(6).copied().collect::<Vec<f32>>();
+    Ok((0..stride).map(|k| values.iter().skip(k).step_by(stride).copied().collect()).collect())
+}
+
+/// Reads an Ouster `.bin` scan (little-endian float32 `x y z reflectivity ring t`, t in seconds)
+/// into a cloud with channels x, y, z, reflectivity, ring, t.
+pub fn load_ouster_bin(path: &Path) -> std::io::Result<Cloud> {
+    let mut columns = read_f32_columns(path, 6)?;
+    let mut column = |k: usize| std::mem::take(&mut columns[k]);
     Ok(Cloud::from_xyz(column(0), column(1), column(2))
         .with_channel("reflectivity", column(3))
         .with_channel("ring", column(4))

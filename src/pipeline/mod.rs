@@ -266,9 +266,10 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
     let (samples, neighborhoods) = {
         // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
         let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
+        let identity = SourceIndex::Identity;
         let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
-            (FpsInput::Downsampled, Some(d)) => (d, SourceIndex::Identity),
-            _ => (view, source),
+            (FpsInput::Downsampled, Some(d)) => (d, &identity),
+            _ => (view, &source),
         };
         match r.valid_samples() {
             Some(s) => {
@@ -277,7 +278,7 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
                 let neighborhoods = r
                     .neighborhoods
                     .as_ref()
-                    .map(|n| outputs::neighborhoods_message(h, searched, &searched_source, s, n));
+                    .map(|n| outputs::neighborhoods_message(h, searched, searched_source, s, n));
                 (Some(samples), neighborhoods)
             }
             None => (None, None),
@@ -288,7 +289,6 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
     out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
     if let Some(d) = &r.detections {
         out.push((DETECTIONS_TOPIC, outputs::detections_message(h, d)));
-        let source = view.source_indices(r.dropped_non_finite);
         out.push((CLUSTERS_TOPIC, outputs::clusters_message(h, view, &source, d)));
     }
     out

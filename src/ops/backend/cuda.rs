@@ -247,12 +247,7 @@ impl Backend for CudaBackend {
         params.validate()?;
         self.fault_point(FaultOp::Detect)?;
         let mut d = self.detector.run(&self.ctx, points.xyz()?, params)?;
-        let (nms, ctx) = (&mut self.nms, &self.ctx);
-        d.keep = keep_boxes(&d.clusters, params, |boxes, scores, classes, np| -> Result<_, OpError> {
-            validate_input(boxes, scores, classes, np)?;
-            nms.upload(ctx, boxes, scores, &[])?;
-            Ok(nms.run(ctx, np)?)
-        })?;
+        d.keep = keep_boxes(&d.clusters, params, |boxes, scores, classes, np| self.nms(boxes, scores, classes, np))?;
         Ok(d)
     }
 
