@@ -34,10 +34,11 @@ struct DetectArgs {
     unsigned int max_points;
     unsigned int angles;
     unsigned int cand_capacity;
-    unsigned int pad_;
-    float classes[3][8];      // per class: length, width, height, clearance as [min, max]
+    float end_on_length;
+    // Per window (car, car_end_on, pedestrian, cyclist): length, width, height, clearance as [min, max].
+    float classes[4][8];
 };
-static_assert(sizeof(DetectArgs) == 176, "DetectArgs: size differs from src/ops/detect/cuda.rs");
+static_assert(sizeof(DetectArgs) == 208, "DetectArgs: size differs from src/ops/detect/cuda.rs");
 
 // Must match `ClusterRecord` in src/ops/detect/cuda.rs.
 struct ClusterRecord {
@@ -378,24 +379,46 @@ det_fit(DetectArgs a, const float* __restrict__ xyz, const unsigned int* counter
     out.box[1] = __fadd_rn(__fmul_rn(cu, s), __fmul_rn(cv, c));
     out.box[2] = __fmul_rn(__fadd_rn(zmin, zmax), 0.5f);
     const bool along = du >= dv;
+    const float turned = __fadd_rn(yaw, 1.57079637f);  // fl(pi/2)
     out.box[3] = along ? du : dv;
     out.box[4] = along ? dv : du;
     out.box[5] = __fsub_rn(zmax, zmin);
-    out.box[6] = along ? yaw : __fadd_rn(yaw, 1.57079637f);  // fl(pi/2)
+    out.box[6] = along ? yaw : turned;
     out.clearance = det_value(st[8]);
     out.label = st[1];
     out.points = st[0];
     const float n = (float)st[0];
     out.score = __fdiv_rn(n, __fadd_rn(n, a.score_half));
+    kept[q] = out.box[3] <= a.max_length && out.box[4] <= a.max_width && out.box[5] >= a.min_height;
+    // Step 6: the first window that holds the box. The end-on car window counts only where the
+    // box's long side faces the sensor (only then can the rest of a car hide behind it), and it
+    // completes the box to a car behind that side.
+    const float ax[2] = {along ? c : -s, along ? s : c};
+    const float cx[2] = {along ? -s : c, along ? c : s};
     out.cls = 3;
-    for (int k = 2; k >= 0; --k) {
+    for (int k = 0; k < 4; ++k) {
         const float* w = a.classes[k];
-        if (det_within(out.box[3], w) && det_within(out.box[4], w + 2) && det_within(out.box[5], w + 4) &&
-            det_within(out.clearance, w + 6))
-            out.cls = k;
+        if (!(det_within(out.box[3], w) && det_within(out.box[4], w + 2) && det_within(out.box[5], w + 4) &&
+              det_within(out.clearance, w + 6)))
+            continue;
+        if (k != 1) {
+            out.cls = k == 0 ? 0 : k - 1;
+            break;
+        }
+        const float t = __fadd_rn(__fmul_rn(out.box[0], cx[0]), __fmul_rn(out.box[1], cx[1]));
+        const float l = __fadd_rn(__fmul_rn(out.box[0], ax[0]), __fmul_rn(out.box[1], ax[1]));
+        if (fabsf(t) < fabsf(l)) continue;
+        const float awx = t < 0.0f ? -cx[0] : cx[0], awy = t < 0.0f ? -cx[1] : cx[1];
+        const float h = __fmul_rn(__fsub_rn(a.end_on_length, out.box[4]), 0.5f);
+        out.box[0] = __fadd_rn(out.box[0], __fmul_rn(h, awx));
+        out.box[1] = __fadd_rn(out.box[1], __fmul_rn(h, awy));
+        out.box[4] = out.box[3];
+        out.box[3] = a.end_on_length;
+        out.box[6] = along ? turned : yaw;
+        out.cls = 0;
+        break;
     }
     records[q] = out;
-    kept[q] = out.box[3] <= a.max_length && out.box[4] <= a.max_width && out.box[5] >= a.min_height;
 }
 
 // Step 7: each kept cluster's record at its id; each point's label.

@@ -56,6 +56,54 @@ fn finds_each_car_on_a_flat_road() {
     }
 }
 
+/// Points on one end of a car at `(cx, cy)` whose length runs along `dir` (unit): the end nearer
+/// the origin, 1.8 m wide and curved 0.5 m deep, 0.3 to 1.5 m above the road.
+fn car_end(rng: &mut rand::rngs::StdRng, cx: f32, cy: f32, dir: [f32; 2]) -> Vec<[f32; 3]> {
+    let toward = if cx * dir[0] + cy * dir[1] > 0.0 { -1.0 } else { 1.0 };
+    (0..600)
+        .map(|_| {
+            let v: f32 = rng.random_range(-0.9..0.9);
+            // A rounded end: the corners sit 0.5 m behind the middle.
+            let u = toward * (2.2 - 0.5 * (v / 0.9).powi(2));
+            let z = -1.7 + rng.random_range(0.3..1.5);
+            [cx + u * dir[0] - v * dir[1], cy + u * dir[1] + v * dir[0], z]
+        })
+        .collect()
+}
+
+#[test]
+fn a_car_seen_end_on_is_completed_behind_its_end() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let road = scene(&mut rng, &[]);
+    let mut pts: Vec<[f32; 3]> = (0..road.len()).map(|i| [road.x()[i], road.y()[i], road.z()[i]]).collect();
+    // One car straight ahead driving away, one to the left front coming towards the sensor.
+    let ahead = [20.0f32, 0.0];
+    let (s, c) = 3.9f32.sin_cos();
+    let left = [12.0f32, 9.0];
+    pts.extend(car_end(&mut rng, ahead[0], ahead[1], [1.0, 0.0]));
+    pts.extend(car_end(&mut rng, left[0], left[1], [c, s]));
+    let p = DetectParams::default();
+    let d = detect(&Cloud::from_points(&pts), &p).unwrap();
+    assert_eq!(d.keep.len(), 2, "{:?}", d.clusters);
+    for centre in [ahead, left] {
+        let car = d
+            .kept()
+            .find(|k| (k.bbox.x - centre[0]).hypot(k.bbox.y - centre[1]) < 0.5)
+            .unwrap_or_else(|| panic!("a completed car at {centre:?}: {:?}", d.clusters));
+        assert_eq!(car.class, 0, "{car:?}");
+        assert_eq!(car.bbox.length, p.boxes.end_on_length_m);
+        assert!((car.bbox.width - 1.8).abs() < 0.05, "{car:?}");
+    }
+    // The same end turned to point its long side at the sensor hides no car: not completed.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let mut sideways: Vec<[f32; 3]> = (0..road.len()).map(|i| [road.x()[i], road.y()[i], road.z()[i]]).collect();
+    sideways.extend(car_end(&mut rng, 20.0, 2.2, [0.0, 1.0]).into_iter().map(|q| [q[0], q[1] - 2.2, q[2]]));
+    let d = detect(&Cloud::from_points(&sideways), &p).unwrap();
+    let k = d.kept().next().expect("a box");
+    assert_ne!(k.class, 0, "{k:?}");
+    assert!(k.bbox.length < 2.2, "{k:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
     /// Shuffling the points renumbers them but changes no box: every box bit, class and point

@@ -58,11 +58,13 @@ fn row(gpu: &mut CudaBackend, case: &str, msg: PointCloud2<'_>, p: &DetectParams
     let mismatch = difference(&cpu, &first);
     let detail = mismatch.clone().unwrap_or_else(|| {
         format!(
-            "{} ground, {} components, {} candidates, {} clusters, {} kept after NMS",
+            "{} ground, {} components, {} candidates, {} clusters ({} cars, {} of them completed from one end), {} kept after NMS",
             cpu.count(PointClass::Ground),
             cpu.components,
             cpu.candidates,
             cpu.clusters.len(),
+            cpu.clusters.iter().filter(|c| c.class == 0).count(),
+            cpu.clusters.iter().filter(|c| c.class == 0 && c.bbox.length == p.boxes.end_on_length_m).count(),
             cpu.keep.len()
         )
     });
@@ -82,16 +84,18 @@ fn xyz_message(cloud: &Cloud) -> PointCloud2<'static> {
     PointCloud2::from_cloud(Header::default(), cloud, &PointLayout::packed_for(cloud))
 }
 
-/// A street: a gently sloped, noisy ground, car-, pedestrian- and wall-like surfaces standing on
-/// it, and overhead points.
+/// A street: a gently sloped, noisy ground, car-, car-end-, pedestrian- and wall-like surfaces
+/// standing on it, and overhead points.
 fn street(rng: &mut Rng, n: usize) -> Cloud {
     let mut pts = Vec::with_capacity(n);
     let ground_z = |x: f32, y: f32| -1.7 + 0.02 * x - 0.01 * y;
     let objects: Vec<[f32; 6]> = (0..60)
         .map(|_| {
-            let (l, w, h) = match rng.below(3) {
+            let (l, w, h) = match rng.below(4) {
                 0 => (rng.f32(3.5, 5.0), rng.f32(1.6, 2.0), rng.f32(1.3, 1.8)),
                 1 => (rng.f32(0.4, 0.8), rng.f32(0.4, 0.7), rng.f32(1.5, 1.9)),
+                // One end of a car (the rest hidden): a car_end_on box, facing the sensor or not.
+                2 => (rng.f32(0.3, 0.9), rng.f32(1.4, 2.0), rng.f32(0.8, 1.5)),
                 _ => (rng.f32(4.0, 15.0), rng.f32(0.2, 0.4), rng.f32(1.0, 3.0)),
             };
             [rng.f32(-60.0, 60.0), rng.f32(-60.0, 60.0), l, w, h, rng.f32(-3.2, 3.2)]

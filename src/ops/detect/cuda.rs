@@ -34,12 +34,13 @@ struct DetectArgs {
     max_points: u32,
     angles: u32,
     cand_capacity: u32,
-    pad_: u32,
-    classes: [[f32; 8]; 3],
+    end_on_length: f32,
+    /// Per window, in the order of `ClassWindows`.
+    classes: [[f32; 8]; 4],
 }
 // SAFETY: repr(C), 4-byte fields only, no padding; matches the CUDA struct.
 unsafe impl DeviceRepr for DetectArgs {}
-const _: () = assert!(std::mem::size_of::<DetectArgs>() == 176);
+const _: () = assert!(std::mem::size_of::<DetectArgs>() == 208);
 
 /// One cluster as the kernels write it; must match `struct ClusterRecord` in cuda/detect.cu.
 #[repr(C)]
@@ -187,8 +188,8 @@ impl DeviceDetector {
             max_points: p.cluster.max_points,
             angles: p.boxes.angles,
             cand_capacity: cand_capacity as u32,
-            pad_: 0,
-            classes: [w(&c.car), w(&c.pedestrian), w(&c.cyclist)],
+            end_on_length: p.boxes.end_on_length_m,
+            classes: [w(&c.car), w(&c.car_end_on), w(&c.pedestrian), w(&c.cyclist)],
         };
         let steps = p.slope_steps();
         let headings: Vec<f32> = p.headings().into_iter().flat_map(|(y, sn, cs)| [y, sn, cs]).collect();

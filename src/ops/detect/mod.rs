@@ -38,13 +38,21 @@
 //!    `dv = fl(vmax - vmin)`, `cu = fl(fl(umin + umax) * 0.5)`, `cv` likewise, the box is
 //!    `x = fl(fl(cu*c) - fl(cv*s))`, `y = fl(fl(cu*s) + fl(cv*c))`, `z = fl(fl(zmin + zmax) * 0.5)`,
 //!    `height = fl(zmax - zmin)`, and `length = du, width = dv, yaw = yaw_k` if `du >= dv`, else
-//!    `length = dv, width = du, yaw = fl(yaw_k + fl(pi/2))`.
+//!    `length = dv, width = du, yaw = fl(yaw_k + fl(pi/2))`. The box's unit axes come from the
+//!    same table: `along = (c, s)` and `across = (-s, c)` (at yaw `fl(yaw_k + fl(pi/2))`) if
+//!    `du >= dv`, else `along = (-s, c)` and `across = (c, s)` (at yaw `yaw_k`).
 //! 6. **Keep and class.** A fitted cluster is kept iff `length <= boxes.max_length_m`,
 //!    `width <= boxes.max_width_m` and `height >= boxes.min_height_m`. Its *clearance* is the
 //!    least `fl(z - level)` of its points (how high its lowest point floats above the ground: a
-//!    car's is its bumper's, a hedge top's or a wall's far side's is more). Its class is the first
-//!    of [`CLASS_NAMES`] whose window ([`ClassWindows`]) holds `(length, width, height,
-//!    clearance)`, else unknown (3). Its score is `fl(n / fl(n + boxes.score_half_points))` for its `n` points.
+//!    car's is its bumper's, a hedge top's or a wall's far side's is more). Its class comes from
+//!    the first window of [`ClassWindows`], in the order car, car_end_on, pedestrian, cyclist,
+//!    that holds `(length, width, height, clearance)`, else unknown (3). The `car_end_on` window
+//!    holds a car of which only one end is seen, and it only counts when that end faces the
+//!    sensor: with `t = fl(fl(x*across.0) + fl(y*across.1))` and `l` likewise with `along`,
+//!    `|t| >= |l|`. The box is then completed behind its end to a car: with `a = across` (negated
+//!    if `t < 0`) and `h = fl(fl(boxes.end_on_length_m - width) * 0.5)`, `x = fl(x + fl(h*a.0))`,
+//!    `y = fl(y + fl(h*a.1))`, `length = end_on_length_m`, `width` = the old length, `yaw` = the
+//!    yaw of `across`; z and height stay. Its score is `fl(n / fl(n + boxes.score_half_points))` for its `n` points.
 //! 7. **Ids.** Kept clusters are numbered 0.. in ascending label order: `clusters[i]` and
 //!    `labels[p] = i` for each of its points; every other point's label is -1.
 //! 8. **NMS.** Rotated BEV NMS of the boxes (`ops::nms`, threshold `nms_iou`, class-agnostic);
@@ -118,16 +126,21 @@ pub struct BoxParams {
     pub min_height_m: f32,
     /// A cluster of this many points scores 0.5.
     pub score_half_points: f32,
+    /// Length a car seen end-on is completed to, behind its visible end (m).
+    pub end_on_length_m: f32,
     /// The size windows of the classes.
     pub classes: ClassWindows,
 }
 
-/// `[min, max]` of length, width and height (m) that give a box a class; the first class that
-/// holds a box wins.
+/// `[min, max]` of length, width and height (m) that give a box a class; the first window that
+/// holds a box wins, in the order written here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClassWindows {
     pub car: SizeWindow,
+    /// A car of which only one end is seen (its rear or front: the box is the car's width long
+    /// and its rounded end deep); such a box is completed to a car (step 6).
+    pub car_end_on: SizeWindow,
     pub pedestrian: SizeWindow,
     pub cyclist: SizeWindow,
 }
@@ -171,12 +184,22 @@ impl Default for DetectParams {
                 max_width_m: 3.5,
                 min_height_m: 0.4,
                 score_half_points: 30.0,
+                end_on_length_m: 4.0,
                 classes: ClassWindows {
+                    // Passenger cars are at most ~2.1 m wide with their mirrors.
                     car: SizeWindow {
                         length: [2.2, 6.5],
-                        width: [0.6, 2.6],
+                        width: [0.6, 2.2],
                         height: [0.6, 2.0],
                         clearance: [0.0, 0.6],
+                    },
+                    // A car's end is rounded (bumper, boot, rear window), so even a rear seen
+                    // square-on is some 0.3 m deep; its lowest points are the bumper's and tyres'.
+                    car_end_on: SizeWindow {
+                        length: [1.3, 2.2],
+                        width: [0.3, 1.0],
+                        height: [0.6, 1.6],
+                        clearance: [0.0, 0.4],
                     },
                     pedestrian: SizeWindow {
                         length: [0.0, 1.2],
@@ -203,14 +226,55 @@ impl DetectParams {
         ((2.0 * self.range_m) / cell).ceil() as u32
     }
 
-    fn classes(&self) -> [&SizeWindow; 3] {
+    /// The class windows in the order they are tried: key, window, the class it gives, and
+    /// whether the box is completed as a car seen end-on.
+    fn windows(&self) -> [(&'static str, &SizeWindow, i32, bool); 4] {
         let c = &self.boxes.classes;
-        [&c.car, &c.pedestrian, &c.cyclist]
+        [
+            ("car", &c.car, 0, false),
+            ("car_end_on", &c.car_end_on, 0, true),
+            ("pedestrian", &c.pedestrian, 1, false),
+            ("cyclist", &c.cyclist, 2, false),
+        ]
     }
 
-    /// Step 6: the class of a kept box.
-    pub fn class_of(&self, b: &Box3d, clearance: f32) -> i32 {
-        self.classes().iter().position(|w| w.holds(b, clearance)).map_or(CLASS_UNKNOWN, |i| i as i32)
+    /// Step 6: the class of a kept box, and the box reported for it.
+    pub fn classify(&self, fit: &Fit, clearance: f32) -> (i32, Box3d) {
+        for (_, w, class, end_on) in self.windows() {
+            if !w.holds(&fit.bbox, clearance) {
+                continue;
+            }
+            match end_on {
+                false => return (class, fit.bbox),
+                true => {
+                    if let Some(car) = self.complete_end_on(fit) {
+                        return (class, car);
+                    }
+                }
+            }
+        }
+        (CLASS_UNKNOWN, fit.bbox)
+    }
+
+    /// Step 6's completion of a car seen end-on, or None when the box's long side is not the one
+    /// that faces the sensor (then it cannot be a car's end hiding the rest of the car).
+    pub fn complete_end_on(&self, fit: &Fit) -> Option<Box3d> {
+        let b = &fit.bbox;
+        let dot = |a: [f32; 2]| b.x * a[0] + b.y * a[1];
+        let (toward, sideways) = (dot(fit.across), dot(fit.along));
+        if toward.abs() < sideways.abs() {
+            return None;
+        }
+        let away = if toward < 0.0 { [-fit.across[0], -fit.across[1]] } else { fit.across };
+        let shift = (self.boxes.end_on_length_m - b.width) * 0.5;
+        Some(Box3d {
+            x: b.x + shift * away[0],
+            y: b.y + shift * away[1],
+            length: self.boxes.end_on_length_m,
+            width: b.length,
+            yaw: fit.across_yaw,
+            ..*b
+        })
     }
 
     /// Step 6: whether a fitted box is kept.
@@ -301,7 +365,8 @@ impl Validate for DetectParams {
             return Err(ParamError::new("boxes.min_height_m", self.boxes.min_height_m, ">= 0"));
         }
         positive("boxes.score_half_points", self.boxes.score_half_points, 1e9)?;
-        for (name, w) in CLASS_NAMES.iter().zip(self.classes()) {
+        positive("boxes.end_on_length_m", self.boxes.end_on_length_m, self.boxes.max_length_m)?;
+        for (name, w, _, _) in self.windows() {
             for (side, r) in
                 [("length", w.length), ("width", w.width), ("height", w.height), ("clearance", w.clearance)]
             {
@@ -504,8 +569,19 @@ impl Extent {
     }
 }
 
+/// A fitted box and its axes (unit vectors from the heading table).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fit {
+    pub bbox: Box3d,
+    /// Along the box's length.
+    pub along: [f32; 2],
+    /// Along its width, at yaw `across_yaw`.
+    pub across: [f32; 2],
+    pub across_yaw: f32,
+}
+
 /// Step 5: the minimum-area box of `points` (x, y, z), with the z range `zmin..zmax`.
-pub fn fit_box(points: impl Iterator<Item = [f32; 3]> + Clone, headings: &[(f32, f32, f32)], z: [f32; 2]) -> Box3d {
+pub fn fit_box(points: impl Iterator<Item = [f32; 3]> + Clone, headings: &[(f32, f32, f32)], z: [f32; 2]) -> Fit {
     let mut best: Option<(f32, usize, [f32; 4])> = None;
     for (k, &(_, s, c)) in headings.iter().enumerate() {
         let mut r = [f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY, f32::NEG_INFINITY];
@@ -524,13 +600,21 @@ pub fn fit_box(points: impl Iterator<Item = [f32; 3]> + Clone, headings: &[(f32,
 }
 
 /// Step 5's box from the winning heading and its u/v extent `[umin, umax, vmin, vmax]`.
-pub fn box_from_extent((yaw, s, c): (f32, f32, f32), r: [f32; 4], z: [f32; 2]) -> Box3d {
+pub fn box_from_extent((yaw, s, c): (f32, f32, f32), r: [f32; 4], z: [f32; 2]) -> Fit {
     let (du, dv) = (r[1] - r[0], r[3] - r[2]);
     let (cu, cv) = ((r[0] + r[1]) * 0.5, (r[2] + r[3]) * 0.5);
     let x = cu * c - cv * s;
     let y = cu * s + cv * c;
-    let (length, width, yaw) = if du >= dv { (du, dv, yaw) } else { (dv, du, yaw + std::f32::consts::FRAC_PI_2) };
-    Box3d { x, y, z: (z[0] + z[1]) * 0.5, length, width, height: z[1] - z[0], yaw }
+    let (u, v) = ([c, s], [-s, c]);
+    let turned = yaw + std::f32::consts::FRAC_PI_2;
+    let (length, width, yaw, along, across, across_yaw) =
+        if du >= dv { (du, dv, yaw, u, v, turned) } else { (dv, du, turned, v, u, yaw) };
+    Fit {
+        bbox: Box3d { x, y, z: (z[0] + z[1]) * 0.5, length, width, height: z[1] - z[0], yaw },
+        along,
+        across,
+        across_yaw,
+    }
 }
 
 /// The CPU reference of the module's semantics.
@@ -622,17 +706,18 @@ pub fn detect(cloud: &Cloud, p: &DetectParams) -> Result<Detections, OpError> {
         }
         candidates += 1;
         let pts = members[k].iter().map(|&i| [x[i as usize], y[i as usize], z[i as usize]]);
-        let bbox = fit_box(pts, &headings, [e.lo[2], e.hi[2]]);
-        if !p.keeps(&bbox) {
+        let fit = fit_box(pts, &headings, [e.lo[2], e.hi[2]]);
+        if !p.keeps(&fit.bbox) {
             continue;
         }
+        let (class, bbox) = p.classify(&fit, e.clearance);
         component_id[k] = clusters.len() as i32;
         clusters.push(Cluster {
             label: e.label,
             points: e.points,
             bbox,
             clearance: e.clearance,
-            class: p.class_of(&bbox, e.clearance),
+            class,
             score: p.score(e.points),
         });
     }
@@ -676,7 +761,7 @@ mod tests {
         let p = DetectParams::default();
         let pts: Vec<[f32; 3]> =
             (0..=40).flat_map(|i| [[i as f32 * 0.1, 0.0, 0.0], [i as f32 * 0.1, 2.0, 1.5]]).collect();
-        let b = fit_box(pts.iter().copied(), &p.headings(), [0.0, 1.5]);
+        let b = fit_box(pts.iter().copied(), &p.headings(), [0.0, 1.5]).bbox;
         assert_eq!((b.x, b.y, b.length, b.width, b.height, b.yaw), (2.0, 1.0, 4.0, 2.0, 1.5, 0.0));
     }
 }
