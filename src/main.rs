@@ -94,6 +94,24 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// The pipeline on the CPU backend, wall clock per frame (median), for the 27k- and
+    /// 107k-point scans and a 1.7 M-point cloud, at each thread count.
+    BenchCpu {
+        /// Thread counts of the CPU backend's pool, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+        /// Timed frames per row (a fifth of them for the 1.7 M-point cloud, at least 3).
+        #[arg(long, default_value_t = 20)]
+        frames: usize,
+        /// Pipeline configuration (YAML); default: built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        data_dir: PathBuf,
+        /// Also write the table (markdown) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// GPU time per operator (CUDA events, median) on the fixed benchmark workloads.
     Bench {
         /// Folder written by shared/bench/workloads.py --dump.
@@ -319,6 +337,18 @@ fn run(cli: Cli) -> Result<()> {
             }
             println!("all {} GPU checks passed", table.0.len());
             Ok(())
+        }
+        Command::BenchCpu { threads, frames, config, data_dir, out } => {
+            if frames == 0 || threads.contains(&0) {
+                bail!("--frames and every --threads count must be at least 1");
+            }
+            let config = match &config {
+                Some(path) => PipelineConfig::load(path)?,
+                None => PipelineConfig::default(),
+            };
+            let table = verify::cpu::bench_cpu(&data_dir, &config, &threads, frames)?;
+            println!("{table}");
+            write_report(out.as_deref(), &table.to_string())
         }
         Command::Bench { workloads, data_dir, profile, out } => {
             let ctx = cuda_context(&profile)?;

@@ -862,3 +862,35 @@ fn features_f16_rounding() {
     let bits: Vec<u16> = lidar_kernels::ops::voxel::features_f16(&input).iter().map(|h| h.to_bits()).collect();
     assert_eq!(bits, [0x3C00, 0x7BFF, 0x7C00, 0x0001, 0x3C00, 0xC100]);
 }
+
+/// A cloud of street size on the configuration's grids: the downsample grid (10^8 cells) numbers
+/// its voxels through the hash table, the pillar grid (640 x 640) through a table over the cells.
+/// Both agree with the oracle, on a pool of one thread and of two.
+#[test]
+fn street_sized_grids_and_thread_counts() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let n = 60_000;
+    let mut col = |lo: f32, hi: f32| (0..n).map(|_| rng.random_range(lo..hi)).collect::<Vec<f32>>();
+    let (mut x, y, z) = (col(-70.0, 70.0), col(-70.0, 70.0), col(-6.0, 6.0));
+    let (intensity, t) = (col(0.0, 255.0), col(0.0, 1e5));
+    x[17] = f32::NAN;
+    x[18] = f32::INFINITY;
+    let cloud = Cloud::from_xyz(x, y, z).with_channel("intensity", intensity).with_channel("t", t);
+    let pillars = HardVoxelParams {
+        grid: VoxelGrid { voxel_size: [0.16, 0.16, 10.0], point_cloud_range: [-51.2, -51.2, -5.0, 51.2, 51.2, 5.0] },
+        max_points_per_voxel: 3,
+        max_voxels: 20_000,
+    };
+    let fine = HardVoxelParams {
+        grid: VoxelGrid { voxel_size: [0.2, 0.2, 0.2], point_cloud_range: [-100.0, -100.0, -10.0, 100.0, 100.0, 10.0] },
+        ..pillars
+    };
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            check_all_against_oracle(&cloud, &pillars, &format!("pillar grid, {threads} threads"));
+            check_all_against_oracle(&cloud, &fine, &format!("0.2 m grid, {threads} threads"));
+        });
+    }
+}

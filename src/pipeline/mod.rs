@@ -246,24 +246,28 @@ impl FrameOutput<'_> {
 }
 
 /// The output messages of one frame's results. The voxel feature channels after x, y, z are named
-/// by the configuration's `features`.
+/// by the configuration's `features`. The messages are built side by side on the current rayon
+/// pool (each from its own results, so the bytes do not depend on the threads).
 fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(&'static str, CloudMessage)> {
     let h = &view.msg.header;
-    let feature_names = &cfg.features;
     let source = view.source_indices(r.dropped_non_finite);
-    let mut out = Vec::new();
-    if let Some(v) = &r.voxels {
+    let voxel_messages = || {
+        let Some(v) = &r.voxels else { return Vec::new() };
         let mut names: Vec<String> = vec!["x".into(), "y".into(), "z".into()];
-        names.extend(feature_names.iter().cloned());
-        out.push((VOXELS_TOPIC, outputs::voxels_message(h, v, &names)));
-        if let Voxels::Hard(hard) = v {
-            let dtype = cfg.voxelize.features_dtype;
-            out.push((VOXEL_FEATURES_TOPIC, outputs::voxel_features_message(h, hard, &names, dtype)));
-        }
-    }
-    let downsampled =
-        r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
-    let (samples, neighborhoods) = {
+        names.extend(cfg.features.iter().cloned());
+        let features = || match v {
+            Voxels::Hard(hard) => Some((
+                VOXEL_FEATURES_TOPIC,
+                outputs::voxel_features_message(h, hard, &names, cfg.voxelize.features_dtype),
+            )),
+            Voxels::Dynamic(_) => None,
+        };
+        let (voxels, features) = rayon::join(|| (VOXELS_TOPIC, outputs::voxels_message(h, v, &names)), features);
+        std::iter::once(voxels).chain(features).collect()
+    };
+    let cloud_messages = || {
+        let downsampled =
+            r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
         // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
         let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
         let identity = SourceIndex::Identity;
@@ -271,26 +275,32 @@ fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(
             (FpsInput::Downsampled, Some(d)) => (d, &identity),
             _ => (view, &source),
         };
-        match r.valid_samples() {
-            Some(s) => {
-                let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
-                let samples = crate::cloud::select_records(h, searched, &picks);
-                let neighborhoods = r
-                    .neighborhoods
-                    .as_ref()
-                    .map(|n| outputs::neighborhoods_message(h, searched, searched_source, s, n));
-                (Some(samples), neighborhoods)
-            }
+        let (samples, neighborhoods) = match r.valid_samples() {
+            Some(s) => rayon::join(
+                || {
+                    let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
+                    Some(crate::cloud::select_records(h, searched, &picks))
+                },
+                || r.neighborhoods.as_ref().map(|n| outputs::neighborhoods_message(h, searched, searched_source, s, n)),
+            ),
             None => (None, None),
-        }
+        };
+        let mut out = Vec::new();
+        out.extend(downsampled.map(|m| (DOWNSAMPLED_TOPIC, m)));
+        out.extend(samples.map(|m| (SAMPLES_TOPIC, m)));
+        out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
+        out
     };
-    out.extend(downsampled.map(|m| (DOWNSAMPLED_TOPIC, m)));
-    out.extend(samples.map(|m| (SAMPLES_TOPIC, m)));
-    out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
-    if let Some(d) = &r.detections {
-        out.push((DETECTIONS_TOPIC, outputs::detections_message(h, d)));
-        out.push((CLUSTERS_TOPIC, outputs::clusters_message(h, view, &source, d)));
-    }
+    let detect_messages = || match &r.detections {
+        Some(d) => vec![
+            (DETECTIONS_TOPIC, outputs::detections_message(h, d)),
+            (CLUSTERS_TOPIC, outputs::clusters_message(h, view, &source, d)),
+        ],
+        None => Vec::new(),
+    };
+    let ((mut out, clouds), detect) = rayon::join(|| rayon::join(voxel_messages, cloud_messages), detect_messages);
+    out.extend(clouds);
+    out.extend(detect);
     out
 }
 

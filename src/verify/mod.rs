@@ -1,12 +1,14 @@
-//! The GPU-vs-CPU checks (`check-gpu`) and the benchmarks (`bench`) of every operator family, and
+//! The GPU-vs-CPU checks (`check-gpu`) and the benchmarks (`bench`, `bench-cpu`) of every operator family, and
 //! of the gather stage and the whole pipeline. Not part of the data path: the node binaries and
 //! the pipeline never reference this module.
 //!
 //! - [`suite`]: the whole `check-gpu` and `bench` tables.
+//! - [`cpu`]: `bench-cpu`, the pipeline on the CPU backend by cloud size and thread count.
 //! - [`voxel`], [`fps`], [`neighbors`], [`nms`], [`detect`]: one family's checks and benchmarks.
 //! - [`smoke`]: the gather stage's inputs and comparison.
 //! - [`report`]: the table rows and the check inputs' random generator.
 
+pub mod cpu;
 pub mod detect;
 pub mod fps;
 pub mod neighbors;
@@ -49,6 +51,9 @@ pub enum VerifyError {
     /// A scan, workload or detections file (or folder) that cannot be read or has the wrong shape.
     #[error("{}: {message}", path.display())]
     Workload { path: PathBuf, message: String },
+    /// `bench-cpu` could not start a thread pool of this size.
+    #[error("a thread pool of {threads} threads: {message}")]
+    ThreadPool { threads: usize, message: String },
     /// The NMS bench's entry lists overflowed in a timed run although the warm-up sized them.
     #[error("NMS bench: entry list overflow after warm-up")]
     EntryListOverflow,

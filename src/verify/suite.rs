@@ -127,31 +127,13 @@ fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, Ver
         let config = PipelineConfig::from_yaml(yaml, name).expect("the bench configurations are valid");
         let engine = Engine::select(BackendKind::Cuda, profile.parse().expect("infallible"))?;
         let mut pipeline = Pipeline::with_engine(config, engine);
-        let mut ms = Vec::new();
-        for i in 0..60 {
-            let t = Instant::now();
-            let frame = pipeline.process_cdr(&cdr)?;
-            let bytes: usize = frame.messages().iter().map(|(_, m)| m.cdr().len()).sum();
-            std::hint::black_box(bytes);
-            if i >= 10 {
-                ms.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-        ms.sort_by(f64::total_cmp);
-        let stages = pipeline
-            .stats
-            .key_values()
-            .into_iter()
-            .filter(|(k, _)| k.ends_with("_p50_ms"))
-            .map(|(k, v)| format!("{}={v}", k.trim_end_matches("_p50_ms")))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let (median_ms, stages) = time_pipeline(&mut pipeline, &cdr, 10, 50)?;
         rows.push(BenchRow {
             operator: name.into(),
             workload: "os1-128_scan0 CDR -> published CDR, wall clock".into(),
             points: scan.len(),
-            median_ms: ms[ms.len() / 2],
-            runs: ms.len(),
+            median_ms,
+            runs: 50,
             min_bytes: (scan.len() * 48) as u64,
             target_ms,
             peer_ms: None,
@@ -159,6 +141,36 @@ fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, Ver
         });
     }
     Ok(rows)
+}
+
+/// The median wall time (ms) of `frames` frames of `cdr` through `pipeline` after `warmup` ones,
+/// each to every published message's CDR bytes, and the stage p50s (`name=ms ...`).
+pub(super) fn time_pipeline(
+    pipeline: &mut Pipeline,
+    cdr: &[u8],
+    warmup: usize,
+    frames: usize,
+) -> Result<(f64, String), VerifyError> {
+    let mut ms = Vec::with_capacity(frames);
+    for i in 0..warmup + frames {
+        let t = Instant::now();
+        let frame = pipeline.process_cdr(cdr)?;
+        let bytes: usize = frame.messages().iter().map(|(_, m)| m.cdr().len()).sum();
+        std::hint::black_box(bytes);
+        if i >= warmup {
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    let stages = pipeline
+        .stats
+        .key_values()
+        .into_iter()
+        .filter(|(k, _)| k.ends_with("_p50_ms"))
+        .map(|(k, v)| format!("{}={v}", k.trim_end_matches("_p50_ms")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok((ms[ms.len() / 2], stages))
 }
 
 /// Every benchmark on the fixed workloads in `workloads` (see shared/bench/workloads.py).

@@ -25,8 +25,8 @@ pub mod cuda;
 
 use super::{ParamError, Validate};
 use crate::cloud::Cloud;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::sync::Mutex;
 
 /// Squared Euclidean distance in f32, exactly `(dx*dx + dy*dy) + dz*dz` with `dx = a[0] - b[0]`,
 /// `dy = a[1] - b[1]`, `dz = a[2] - b[2]`, every operation separately rounded (no FMA).
@@ -646,8 +646,8 @@ const KNN_CELL_TARGET: f64 = 0.5;
 // ------------------------------------------------------------------------------------------------
 
 /// Runs `f(first_row, a_rows, b_rows)` over blocks of `block` rows of two row-major arrays (row
-/// widths `wa`, `wb`) on the available cores. Each row is computed independently, so the result
-/// does not depend on the thread count or scheduling.
+/// widths `wa`, `wb`) on the current rayon pool. Each row is computed independently, so the
+/// result does not depend on the thread count or scheduling.
 pub(crate) fn for_each_row_block<A: Send, B: Send>(
     rows: usize,
     a: &mut [A],
@@ -659,34 +659,13 @@ pub(crate) fn for_each_row_block<A: Send, B: Send>(
 ) {
     debug_assert!(a.len() == rows * wa && b.len() == rows * wb);
     let block = block.max(1);
-    let nblocks = rows.div_ceil(block);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(16).min(nblocks);
-    if threads <= 1 {
+    // Zero-width rows have no chunks to pair up: one call takes them all.
+    if rows <= block || wa == 0 || wb == 0 || rayon::current_num_threads() == 1 {
         f(0, a, b);
         return;
     }
-    let mut jobs = Vec::with_capacity(nblocks);
-    let (mut ra, mut rb) = (a, b);
-    let mut row = 0;
-    while row < rows {
-        let n = block.min(rows - row);
-        let (ha, ta) = std::mem::take(&mut ra).split_at_mut(n * wa);
-        let (hb, tb) = std::mem::take(&mut rb).split_at_mut(n * wb);
-        jobs.push((row, ha, hb));
-        ra = ta;
-        rb = tb;
-        row += n;
-    }
-    let jobs = Mutex::new(jobs.into_iter());
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let job = jobs.lock().unwrap().next();
-                match job {
-                    Some((r0, ha, hb)) => f(r0, ha, hb),
-                    None => break,
-                }
-            });
-        }
-    });
+    a.par_chunks_mut(block * wa)
+        .zip(b.par_chunks_mut(block * wb))
+        .enumerate()
+        .for_each(|(k, (ha, hb))| f(k * block, ha, hb));
 }

@@ -9,13 +9,11 @@
 //!
 //! Every operator is deterministic: the output depends only on the input values and order. Voxels
 //! are numbered in the order of the input index of their first point, and the points inside a
-//! voxel keep their input order. (The hash map used internally is never iterated.)
+//! voxel keep their input order. (The voxel numbering tables are only looked up, never iterated.)
 
 pub mod cuda;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{ParamError, Validate};
@@ -150,14 +148,39 @@ impl Indexer {
     fn coord(&self, p: [f32; 3]) -> Option<[i32; 3]> {
         let mut out = [0i32; 3];
         for a in 0..3 {
-            let c = ((p[a] - self.min[a]) / self.size[a]).floor();
-            // Written so that NaN is out of range.
-            if !(c >= 0.0 && c < self.dim_f[a]) {
+            let q = (p[a] - self.min[a]) / self.size[a];
+            // floor(q) >= 0 iff q >= 0, and floor(q) < dim iff q < dim (an integer), so the range
+            // test needs no floor; then truncation is the floor. Written so that NaN is out.
+            if !(q >= 0.0 && q < self.dim_f[a]) {
                 return None;
             }
-            out[a] = c as i32;
+            out[a] = q as i32;
         }
         Some(out)
+    }
+
+    /// Every point's voxel: its `[z, y, x]` coordinate and linear key, or `[-1, -1, -1]` and
+    /// [`OUT_OF_RANGE`] (computed in parallel; each point on its own).
+    fn point_voxels(&self, cloud: &Cloud) -> (Vec<[i32; 3]>, Vec<u64>) {
+        const CHUNK: usize = 16384;
+        let (xs, ys, zs) = (cloud.x(), cloud.y(), cloud.z());
+        let n = cloud.len();
+        let mut coords = vec![[0i32; 3]; n];
+        let mut keys = vec![0u64; n];
+        coords.par_chunks_mut(CHUNK).zip(keys.par_chunks_mut(CHUNK)).enumerate().for_each(|(b, (cs, ks))| {
+            for (j, (c, k)) in cs.iter_mut().zip(ks).enumerate() {
+                let i = b * CHUNK + j;
+                (*c, *k) = match self.coord([xs[i], ys[i], zs[i]]) {
+                    Some(xyz) => (zyx(xyz), self.linear(xyz)),
+                    None => ([-1; 3], OUT_OF_RANGE),
+                };
+            }
+        });
+        (coords, keys)
+    }
+
+    fn cells(&self) -> u64 {
+        self.dim[0] * self.dim[1] * self.dim[2]
     }
 
     /// Linear index `(z * dim_y + y) * dim_x + x`; < 2^60 on a validated grid.
@@ -167,30 +190,82 @@ impl Indexer {
     }
 }
 
-/// Deterministic hasher for u64 voxel keys (folded 64x64->128 multiply). No random state, and the
-/// map is never iterated, so it cannot affect the output order.
-#[derive(Default)]
-struct KeyHasher(u64);
+/// The key of a point outside the grid (linear keys are below 2^60).
+const OUT_OF_RANGE: u64 = u64::MAX;
 
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        let m = (self.0 as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
-        (m as u64) ^ ((m >> 64) as u64)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x100_0000_01B3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
+/// Largest grid numbered through a table with a slot per cell (16 MB) instead of a hash table.
+const TABLE_MAX_CELLS: u64 = 1 << 22;
+
+/// How far ahead of the point being numbered its successor's slot is loaded: the numbering walks
+/// the points in input order, one table lookup each, and without the early load each lookup
+/// waits for memory in turn.
+const LOOKAHEAD: usize = 16;
+
+/// The number given to each voxel key, in the order the keys are first seen: a table over the
+/// cells when the grid is small next to the cloud (the PointPillars grids), else an open-addressing
+/// hash table (linear probing, at most half full). Either way only lookups are made, so the
+/// numbering cannot depend on which one it is.
+enum VoxelNumbers {
+    Table(Vec<u32>),
+    Hashed { keys: Vec<u64>, numbers: Vec<u32>, shift: u32 },
 }
 
-type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+impl VoxelNumbers {
+    const FREE: u32 = u32::MAX;
 
-fn key_map(capacity: usize) -> KeyMap {
-    KeyMap::with_capacity_and_hasher(capacity, Default::default())
+    fn new(ix: &Indexer, points: usize) -> Self {
+        let cells = ix.cells();
+        if cells <= TABLE_MAX_CELLS && cells <= 8 * points as u64 + 65536 {
+            return Self::Table(vec![Self::FREE; cells as usize]);
+        }
+        let bits = (2 * points.max(8)).next_power_of_two().trailing_zeros();
+        Self::Hashed { keys: vec![OUT_OF_RANGE; 1 << bits], numbers: vec![Self::FREE; 1 << bits], shift: 64 - bits }
+    }
+
+    /// The slot where a probe for `key` starts (Fibonacci hashing).
+    #[inline]
+    fn home(key: u64, shift: u32) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize
+    }
+
+    /// Loads the first slot of `keys[i + LOOKAHEAD]`, if any, so that its lookup finds it in cache.
+    #[inline]
+    fn preload(&self, keys: &[u64], i: usize) {
+        let Some(&key) = keys.get(i + LOOKAHEAD) else { return };
+        if key == OUT_OF_RANGE {
+            return;
+        }
+        match self {
+            Self::Table(t) => {
+                std::hint::black_box(t.get(key as usize));
+            }
+            Self::Hashed { keys, shift, .. } => {
+                std::hint::black_box(keys[Self::home(key, *shift)]);
+            }
+        }
+    }
+
+    /// The number of `key` (not [`OUT_OF_RANGE`]), given by `new()` when the key is new (never
+    /// [`Self::FREE`]).
+    #[inline]
+    fn get_or_insert_with(&mut self, key: u64, new: impl FnOnce() -> u32) -> u32 {
+        let slot = match self {
+            Self::Table(t) => &mut t[key as usize],
+            Self::Hashed { keys, numbers, shift } => {
+                let mask = keys.len() - 1;
+                let mut at = Self::home(key, *shift);
+                while keys[at] != key && keys[at] != OUT_OF_RANGE {
+                    at = (at + 1) & mask;
+                }
+                keys[at] = key;
+                &mut numbers[at]
+            }
+        };
+        if *slot == Self::FREE {
+            *slot = new();
+        }
+        *slot
+    }
 }
 
 fn zyx(c: [i32; 3]) -> [i32; 3] {
@@ -311,28 +386,30 @@ pub fn voxelize_hard(cloud: &Cloud, params: &HardVoxelParams) -> Result<HardVoxe
     let max_voxels = params.max_voxels as usize;
     let cols = cloud.columns();
     let c = cols.len();
-    let (xs, ys, zs) = (cloud.x(), cloud.y(), cloud.z());
     let n = cloud.len();
 
-    const NOT_KEPT: u32 = u32::MAX;
-    let mut map = key_map(n.min(max_voxels.saturating_mul(2)).min(1 << 20));
+    // Voxel numbers are below max_voxels <= 2^31 - 1, so this is neither one nor FREE.
+    const NOT_KEPT: u32 = u32::MAX - 1;
+    let (coords, keys) = ix.point_voxels(cloud);
+    let mut numbers = VoxelNumbers::new(&ix, n);
     let mut out = HardVoxels { num_channels: c, max_points: p, ..Default::default() };
-    // Pass 1: voxel and slot of every kept point (as its row `v * P + slot` in the output).
+    // Pass 1, in input order: voxel and slot of every kept point (as its row `v * P + slot`).
     let mut kept: Vec<(usize, usize)> = Vec::with_capacity(n);
-    for i in 0..n {
-        let Some(coord) = ix.coord([xs[i], ys[i], zs[i]]) else {
+    for (i, &key) in keys.iter().enumerate() {
+        numbers.preload(&keys, i);
+        if key == OUT_OF_RANGE {
             out.dropped_out_of_range += 1;
             continue;
-        };
+        }
         let next = out.coords.len();
-        let v = *map.entry(ix.linear(coord)).or_insert_with(|| if next < max_voxels { next as u32 } else { NOT_KEPT });
+        let v = numbers.get_or_insert_with(key, || if next < max_voxels { next as u32 } else { NOT_KEPT });
         if v == NOT_KEPT {
             out.dropped_voxel_capacity += 1;
             continue;
         }
         let v = v as usize;
         if v == next {
-            out.coords.push(zyx(coord));
+            out.coords.push(coords[i]);
             out.num_points.push(0);
         }
         let slot = out.num_points[v] as usize;
@@ -415,48 +492,48 @@ pub fn voxelize_dynamic(cloud: &Cloud, grid: &VoxelGrid) -> DynamicVoxels {
         panic!("voxelize_dynamic: {e}");
     }
     let ix = Indexer::new(grid);
-    let (xs, ys, zs) = (cloud.x(), cloud.y(), cloud.z());
     let n = cloud.len();
     let cols = cloud.columns();
     let c = cols.len();
 
-    let mut out = DynamicVoxels {
-        point_coords: Vec::with_capacity(n),
-        point_voxel: Vec::with_capacity(n),
-        num_channels: c,
-        ..Default::default()
-    };
-    let mut map = key_map(n.min(1 << 20));
-    for i in 0..n {
-        let Some(coord) = ix.coord([xs[i], ys[i], zs[i]]) else {
+    let (point_coords, keys) = ix.point_voxels(cloud);
+    let mut out = DynamicVoxels { point_voxel: Vec::with_capacity(n), num_channels: c, ..Default::default() };
+    let mut numbers = VoxelNumbers::new(&ix, n);
+    // In input order: the voxel numbers.
+    for (i, &key) in keys.iter().enumerate() {
+        numbers.preload(&keys, i);
+        if key == OUT_OF_RANGE {
             out.dropped_out_of_range += 1;
-            out.point_coords.push([-1, -1, -1]);
             out.point_voxel.push(-1);
             continue;
-        };
+        }
         let next = out.voxel_coords.len() as u32;
-        let v = *map.entry(ix.linear(coord)).or_insert(next);
+        let v = numbers.get_or_insert_with(key, || next);
         if v == next {
-            out.voxel_coords.push(zyx(coord));
+            out.voxel_coords.push(point_coords[i]);
             out.num_points.push(0);
         }
         out.num_points[v as usize] += 1;
-        out.point_coords.push(zyx(coord));
         out.point_voxel.push(v as i32);
     }
+    out.point_coords = point_coords;
 
-    // f64 sums per voxel and channel, points in input order (a column at a time: the order of
-    // additions into any one sum is still increasing input index).
+    // f64 sums per voxel, a channel per task: each sum still adds its points in increasing input
+    // index, so the means do not depend on the thread count.
     let nv = out.voxel_coords.len();
-    let mut sums = vec![0.0f64; nv * c];
-    for (k, col) in cols.iter().enumerate() {
-        for (&v, &val) in out.point_voxel.iter().zip(col) {
-            if v >= 0 {
-                sums[v as usize * c + k] += val as f64;
+    let sums: Vec<Vec<f64>> = cols
+        .par_iter()
+        .map(|col| {
+            let mut sum = vec![0.0f64; nv];
+            for (&v, &val) in out.point_voxel.iter().zip(col.iter()) {
+                if v >= 0 {
+                    sum[v as usize] += val as f64;
+                }
             }
-        }
-    }
-    out.means = sums.iter().enumerate().map(|(j, &s)| (s / out.num_points[j / c] as f64) as f32).collect();
+            sum
+        })
+        .collect();
+    out.means = (0..nv * c).map(|j| (sums[j % c][j / c] / out.num_points[j / c] as f64) as f32).collect();
     tracing::trace!(voxels = nv, out_of_range = out.dropped_out_of_range, "voxelize_dynamic");
     out
 }
@@ -592,19 +669,6 @@ mod tests {
         let g = VoxelGrid::default();
         g.validate().unwrap();
         assert_eq!(g.dims(), [432, 496, 1]);
-    }
-
-    #[test]
-    fn hasher_is_deterministic_and_spreads() {
-        let h = |k: u64| {
-            let mut s = KeyHasher::default();
-            s.write_u64(k);
-            s.finish()
-        };
-        assert_eq!(h(12345), h(12345));
-        assert_ne!(h(1), h(2));
-        // Low bits differ for consecutive keys (hashbrown takes the bucket from the low bits).
-        assert_ne!(h(1) & 0xffff, h(2) & 0xffff);
     }
 
     #[test]
