@@ -112,6 +112,25 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Choose the kernel profile by measurement on the GPU present: every candidate is checked
+    /// against the CPU reference, then timed on the fixed workloads; the fastest valid one is
+    /// written as a profile YAML keyed by the device (config/targets/ can hold it).
+    Tune {
+        /// Folder written by shared/bench/workloads.py --dump.
+        #[arg(long)]
+        workloads: PathBuf,
+        /// The built-in profile to start from, and to fall back to on another device.
+        #[arg(long, default_value = "x86_64")]
+        target: String,
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        data_dir: PathBuf,
+        /// Write the tuned profile here (default: print it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Also write the search table (markdown) here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+    },
     /// GPU time per operator (CUDA events, median) on the fixed benchmark workloads.
     Bench {
         /// Folder written by shared/bench/workloads.py --dump.
@@ -349,6 +368,40 @@ fn run(cli: Cli) -> Result<()> {
             let table = verify::cpu::bench_cpu(&data_dir, &config, &threads, frames)?;
             println!("{table}");
             write_report(out.as_deref(), &table.to_string())
+        }
+        Command::Tune { workloads, target, data_dir, out, report } => {
+            let base = lidar_kernels::gpu::KernelProfile::builtin(&target)?;
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} candidates, {elapsed} {msg}")
+                    .expect("a valid template"),
+            );
+            let tuning = verify::tune::tune(&base, &workloads, &data_dir, |t, done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+                let time = match (&t.error, t.relative_time) {
+                    (Some(e), _) => format!("refused: {e}"),
+                    (None, Some(r)) => format!("{r:.3} x start"),
+                    (None, None) => "invalid: not timed".to_string(),
+                };
+                bar.println(format!("{}: {}: checks {}/{}, {time}", t.family, t.candidate, t.checks.0, t.checks.1));
+            })?;
+            bar.finish_and_clear();
+            println!("{tuning}");
+            write_report(report.as_deref(), &tuning.to_string())?;
+            let yaml = format!(
+                "# {}\n# Written by `lidar-kernels tune --target {target}`; the search is in its report.\n{}",
+                tuning.profile.description,
+                serde_yaml::to_string(&tuning.profile).context("writing the profile")?
+            );
+            match out {
+                Some(path) => {
+                    write_report(Some(&path), &yaml)?;
+                    println!("tuned profile written to {}", path.display());
+                }
+                None => println!("{yaml}"),
+            }
+            Ok(())
         }
         Command::Bench { workloads, data_dir, profile, out } => {
             let ctx = cuda_context(&profile)?;

@@ -3,7 +3,7 @@
 
 use super::kernels::KERNELS;
 use super::nvrtc::{self, CubinCache, CubinOrigin};
-use super::profile::{KernelProfile, ProfileChoice};
+use super::profile::{KernelProfile, ProfileChoice, TunedFor};
 use super::GpuError;
 use cudarc::driver::{
     result as drv, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
@@ -107,9 +107,10 @@ impl GpuContext {
         let device_name = ctx.name()?;
         let compute_capability = ctx.compute_capability()?;
         let sm_count = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let profile = options.profile.resolve(compute_capability, sm_count)?;
-        let stream = ctx.new_stream()?;
         let nvrtc_version = nvrtc::nvrtc_version()?;
+        let profile =
+            options.profile.resolve(&TunedFor::of(&device_name, compute_capability, nvrtc_version), sm_count)?;
+        let stream = ctx.new_stream()?;
         let arch = nvrtc::arch_name(compute_capability);
         let cache_dir =
             if options.no_cache { None } else { options.cache_dir.clone().or_else(nvrtc::default_cache_dir) };

@@ -21,7 +21,7 @@ pub use fault::{FaultKind, FaultOp, FaultPlan};
 pub use gather::{upload_and_gather, DeviceCloud};
 pub use kernels::{KernelSource, KERNELS};
 pub use nvrtc::{nvrtc_check, NvrtcReport, NvrtcRow};
-pub use profile::{KernelProfile, ProfileChoice};
+pub use profile::{KernelProfile, ProfileChoice, TunedFor};
 
 use crate::ops::ParamError;
 use serde::{Deserialize, Serialize};

@@ -48,10 +48,33 @@ pub struct KernelProfile {
     pub name: String,
     #[serde(default)]
     pub description: String,
+    /// The device a tuned profile was measured on (`lidar-kernels tune`); on any other device the
+    /// profile is not used and the target `name`'s built-in profile is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuned_for: Option<TunedFor>,
     pub block_size: BlockSizes,
     pub items_per_thread: ItemsPerThread,
     pub hash_load_factor: f64,
     pub pools: Pools,
+}
+
+/// What a tuned profile's timings hold for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunedFor {
+    pub device: String,
+    pub compute_capability: [i32; 2],
+    pub nvrtc_version: [i32; 2],
+}
+
+impl TunedFor {
+    pub fn of(device: &str, compute_capability: (i32, i32), nvrtc_version: (i32, i32)) -> Self {
+        Self {
+            device: device.to_string(),
+            compute_capability: [compute_capability.0, compute_capability.1],
+            nvrtc_version: [nvrtc_version.0, nvrtc_version.1],
+        }
+    }
 }
 
 fn bad(key: &str, msg: impl Into<String>) -> GpuError {
@@ -166,6 +189,8 @@ pub enum ProfileChoice {
     Named(String),
     /// A YAML file.
     Path(PathBuf),
+    /// A profile already in memory (the candidates of `lidar-kernels tune`).
+    Given(Box<KernelProfile>),
 }
 
 impl std::str::FromStr for ProfileChoice {
@@ -197,12 +222,34 @@ pub fn auto_profile_name(compute_capability: (i32, i32), sm_count: i32) -> &'sta
 }
 
 impl ProfileChoice {
-    /// Resolves to a validated profile for a device.
-    pub fn resolve(&self, compute_capability: (i32, i32), sm_count: i32) -> Result<KernelProfile, GpuError> {
-        match self {
-            ProfileChoice::Auto => KernelProfile::builtin(auto_profile_name(compute_capability, sm_count)),
-            ProfileChoice::Named(n) => KernelProfile::builtin(n),
-            ProfileChoice::Path(p) => KernelProfile::from_file(p),
+    /// Resolves to a validated profile for a device. A tuned profile whose device is not this one
+    /// (another GPU, compute capability or NVRTC) gives way, with a warning, to the built-in
+    /// profile of its target (`name`), or to Auto's choice when `name` is no built-in.
+    pub fn resolve(&self, device: &TunedFor, sm_count: i32) -> Result<KernelProfile, GpuError> {
+        let cc = (device.compute_capability[0], device.compute_capability[1]);
+        let chosen = match self {
+            ProfileChoice::Auto => return KernelProfile::builtin(auto_profile_name(cc, sm_count)),
+            ProfileChoice::Named(n) => KernelProfile::builtin(n)?,
+            ProfileChoice::Path(p) => KernelProfile::from_file(p)?,
+            ProfileChoice::Given(p) => {
+                p.validate()?;
+                return Ok((**p).clone());
+            }
+        };
+        match &chosen.tuned_for {
+            Some(key) if key != device => {
+                let fallback = KernelProfile::builtin(&chosen.name)
+                    .or_else(|_| KernelProfile::builtin(auto_profile_name(cc, sm_count)))?;
+                tracing::warn!(
+                    profile = %chosen.name,
+                    tuned_for = ?key,
+                    device = ?device,
+                    "the kernel profile was tuned on another device: using the built-in profile '{}'",
+                    fallback.name
+                );
+                Ok(fallback)
+            }
+            _ => Ok(chosen),
         }
     }
 }

@@ -70,11 +70,35 @@ fn auto_profile_from_device() {
     assert_eq!(auto_profile_name((8, 7), 16), "orin");
     assert_eq!(auto_profile_name((9, 0), 132), "x86_64");
     assert_eq!(auto_profile_name((8, 6), 84), "x86_64");
-    assert_eq!(ProfileChoice::Auto.resolve((8, 7), 8).unwrap().name, "orin");
+    let device = |cc: (i32, i32)| TunedFor::of("a GPU", cc, (12, 9));
+    assert_eq!(ProfileChoice::Auto.resolve(&device((8, 7)), 8).unwrap().name, "orin");
     assert_eq!("xavier".parse::<ProfileChoice>().unwrap(), ProfileChoice::Named("xavier".into()));
     assert!(matches!("config/targets/orin.yaml".parse::<ProfileChoice>().unwrap(), ProfileChoice::Path(_)));
     let p = ProfileChoice::Path(concat!(env!("CARGO_MANIFEST_DIR"), "/config/targets/xavier.yaml").into());
-    assert_eq!(p.resolve((9, 0), 132).unwrap().name, "xavier");
+    assert_eq!(p.resolve(&device((9, 0)), 132).unwrap().name, "xavier");
+}
+
+/// A tuned profile holds on its own device only; elsewhere its target's built-in profile runs.
+#[test]
+fn tuned_profiles_hold_on_their_device_only() {
+    let here = TunedFor::of("NVIDIA H200", (9, 0), (13, 0));
+    let mut tuned = KernelProfile::builtin("x86_64").unwrap();
+    tuned.block_size.fps = 256;
+    tuned.tuned_for = Some(here.clone());
+    let dir = std::env::temp_dir().join(format!("lk_tuned_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("h200.yaml");
+    std::fs::write(&path, serde_yaml::to_string(&tuned).unwrap()).unwrap();
+    let choice = ProfileChoice::Path(path);
+    assert_eq!(choice.resolve(&here, 132).unwrap(), tuned);
+    for other in [
+        TunedFor::of("NVIDIA H100", (9, 0), (13, 0)),
+        TunedFor::of("NVIDIA H200", (9, 0), (12, 9)),
+        TunedFor::of("NVIDIA H200", (8, 9), (13, 0)),
+    ] {
+        assert_eq!(choice.resolve(&other, 132).unwrap(), KernelProfile::builtin("x86_64").unwrap(), "{other:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn with_replaced(from: &str, to: &str) -> Result<KernelProfile, GpuError> {
@@ -282,4 +306,19 @@ fn launcher_param_and_size_errors_are_backend_neutral_op_errors() {
     let e = OpError::from(GpuError::NoResult { op: "hard_to_host", result: "hard voxels" });
     assert!(matches!(e, OpError::Device(GpuError::NoResult { .. })), "{e:?}");
     assert!(e.to_string().contains("hard_to_host: no hard voxels on the device"), "{e}");
+}
+
+/// Every profile file shipped in config/targets/ (the built-ins and tuned ones) loads and validates.
+#[test]
+fn every_shipped_profile_file_is_valid() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/targets");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            KernelProfile::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "{n} profiles in {dir}");
 }

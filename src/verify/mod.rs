@@ -4,6 +4,7 @@
 //!
 //! - [`suite`]: the whole `check-gpu` and `bench` tables.
 //! - [`cpu`]: `bench-cpu`, the pipeline on the CPU backend by cloud size and thread count.
+//! - [`tune`]: `tune`, a kernel profile chosen by measurement on the GPU present.
 //! - [`voxel`], [`fps`], [`neighbors`], [`nms`], [`detect`]: one family's checks and benchmarks.
 //! - [`smoke`]: the gather stage's inputs and comparison.
 //! - [`report`]: the table rows and the check inputs' random generator.
@@ -17,6 +18,7 @@ pub mod report;
 pub mod smoke;
 pub mod soak;
 pub mod suite;
+pub mod tune;
 pub mod voxel;
 
 pub use report::{BenchRow, BenchTable, CheckRow, CheckTable};
