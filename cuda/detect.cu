@@ -405,10 +405,10 @@ det_fit(DetectArgs a, const float* __restrict__ xyz, const unsigned int* counter
             out.cls = k == 0 ? 0 : k - 1;
             break;
         }
-        const float t = __fadd_rn(__fmul_rn(out.box[0], cx[0]), __fmul_rn(out.box[1], cx[1]));
-        const float l = __fadd_rn(__fmul_rn(out.box[0], ax[0]), __fmul_rn(out.box[1], ax[1]));
-        if (fabsf(t) < fabsf(l)) continue;
-        const float awx = t < 0.0f ? -cx[0] : cx[0], awy = t < 0.0f ? -cx[1] : cx[1];
+        const float toward = __fadd_rn(__fmul_rn(out.box[0], cx[0]), __fmul_rn(out.box[1], cx[1]));
+        const float sideways = __fadd_rn(__fmul_rn(out.box[0], ax[0]), __fmul_rn(out.box[1], ax[1]));
+        if (fabsf(toward) < fabsf(sideways)) continue;
+        const float awx = toward < 0.0f ? -cx[0] : cx[0], awy = toward < 0.0f ? -cx[1] : cx[1];
         const float h = __fmul_rn(__fsub_rn(a.end_on_length, out.box[4]), 0.5f);
         out.box[0] = __fadd_rn(out.box[0], __fmul_rn(h, awx));
         out.box[1] = __fadd_rn(out.box[1], __fmul_rn(h, awy));

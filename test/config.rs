@@ -38,7 +38,7 @@ fn invalid_values_name_key_and_range() {
     for (yaml, section, key) in cases {
         let err = PipelineConfig::from_yaml(yaml, "bad.yaml").unwrap_err().to_string();
         assert!(
-            err.contains("bad.yaml") && err.contains(&format!("{section}invalid parameter {key}")),
+            err.contains("bad.yaml") && err.contains(&format!("invalid parameter {section}{key} =")),
             "{yaml}: {err}"
         );
     }

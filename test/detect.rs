@@ -149,6 +149,9 @@ fn detect_keys_are_optional_and_bad_values_name_their_path() {
     assert!(e.contains("detect.") && e.contains("boxes.classes.car.width"), "{e}");
     let e = PipelineConfig::from_yaml("detect: {cluster: {cell_m: 0.001}}", "inline").unwrap_err().to_string();
     assert!(e.contains("detect.") && e.contains("cluster.cell_m") && e.contains("cells a side"), "{e}");
+    // A completed car shorter than the end it was completed from would move towards the sensor.
+    let e = PipelineConfig::from_yaml("detect: {boxes: {end_on_length_m: 1.5}}", "inline").unwrap_err().to_string();
+    assert!(e.contains("detect.boxes.end_on_length_m") && e.contains("car_end_on"), "{e}");
     let e = PipelineConfig::from_yaml("detect: {boxes: {angle: 4}}", "inline").unwrap_err().to_string();
     assert!(e.contains("detect.boxes.angle"), "{e}");
 }

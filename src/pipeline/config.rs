@@ -27,7 +27,7 @@ pub enum ConfigError {
     UnknownKey { path: String, key: String },
     #[error("config {path}: {key}: {message}")]
     BadValue { path: String, key: String, message: String },
-    #[error("config {path}: {section}.{error}")]
+    #[error("config {path}: invalid parameter {section}.{} = {}: {}", error.key, error.value, error.allowed)]
     Invalid { path: String, section: &'static str, error: ParamError },
     #[error("config {path}: {rule}")]
     Stages { path: String, rule: StageRuleError },

@@ -8,7 +8,24 @@ use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datat
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
+use rayon::prelude::*;
 use std::borrow::Cow;
+
+/// Records written per task by [`for_each_record`].
+const RECORDS_PER_TASK: usize = 4096;
+
+/// `f(i, record i)` for every `step`-byte record of `data`, on the current rayon pool. Each record
+/// is written on its own, so the bytes do not depend on the threads.
+fn for_each_record(data: &mut [u8], step: usize, f: impl Fn(usize, &mut [u8]) + Sync) {
+    if step == 0 {
+        return;
+    }
+    data.par_chunks_mut(step * RECORDS_PER_TASK).enumerate().for_each(|(t, chunk)| {
+        for (j, rec) in chunk.chunks_exact_mut(step).enumerate() {
+            f(t * RECORDS_PER_TASK + j, rec);
+        }
+    });
+}
 
 /// Fields of a box record, the format boxes travel in between programs.
 pub const BOX_FIELDS: [&str; 9] = ["x", "y", "z", "length", "width", "height", "yaw", "score", "label"];
@@ -66,11 +83,11 @@ fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str
     let (fields, step) = packed_fields(columns.iter().map(|(name, c)| (*name, c.datatype())));
     let step = step as usize;
     let mut m = CloudMessage::new(header, height, width, &fields, step as u32, false);
-    for (i, rec) in m.data_mut().chunks_exact_mut(step).enumerate() {
+    for_each_record(m.data_mut(), step, |i, rec| {
         for (k, (_, c)) in columns.iter().enumerate() {
             c.put(i, &mut rec[4 * k..]);
         }
-    }
+    });
     m
 }
 
@@ -81,12 +98,14 @@ fn centroids(v: &Voxels, names: &[String]) -> Cloud {
         Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
         Voxels::Hard(v) => {
             let (c, p) = (v.num_channels, v.max_points);
-            let mut means = Vec::with_capacity(v.num_points.len() * c);
-            for (vi, &n) in v.num_points.iter().enumerate() {
-                for ch in 0..c {
-                    let sum: f64 = (0..n as usize).map(|s| v.features[(vi * p + s) * c + ch] as f64).sum();
-                    means.push((sum / n.max(1) as f64) as f32);
-                }
+            let mut means = vec![0.0f32; v.num_points.len() * c];
+            if c > 0 {
+                means.par_chunks_mut(c).zip(&v.num_points).enumerate().for_each(|(vi, (mean, &n))| {
+                    for (ch, m) in mean.iter_mut().enumerate() {
+                        let sum: f64 = (0..n as usize).map(|s| v.features[(vi * p + s) * c + ch] as f64).sum();
+                        *m = (sum / n.max(1) as f64) as f32;
+                    }
+                });
             }
             Cloud::from_row_major(&means, c, names)
         }
@@ -171,13 +190,9 @@ pub fn downsampled_message(
                     sums[vox as usize] += view.value_at(dt, off, source.get(p));
                 }
             }
-            for ((rec, sum), &n) in data.chunks_exact_mut(step).zip(sums).zip(&dv.num_points) {
-                write_field(rec, dt, off, sum / n as f64, be);
-            }
+            for_each_record(data, step, |v, rec| write_field(rec, dt, off, sums[v] / dv.num_points[v] as f64, be));
         } else {
-            for (v, rec) in data.chunks_exact_mut(step).enumerate() {
-                write_field(rec, dt, off, dv.means[v * c + k] as f64, be);
-            }
+            for_each_record(data, step, |v, rec| write_field(rec, dt, off, dv.means[v * c + k] as f64, be));
         }
     }
     m
@@ -205,14 +220,14 @@ pub fn neighborhoods_message(
     ]);
     let rows = if n.width == 0 { 0 } else { n.indices.len() / n.width };
     let mut msg = CloudMessage::new(header, rows, n.width, &fields, step, false);
-    for (slot, rec) in msg.data_mut().chunks_exact_mut(step as usize).enumerate() {
+    for_each_record(msg.data_mut(), step as usize, |slot, rec| {
         let (i, q) = (n.indices[slot], slot / n.width);
         let p = if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) };
         let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];
         for (dst, w) in rec.chunks_exact_mut(4).zip(words) {
             dst.copy_from_slice(&w.to_le_bytes());
         }
-    }
+    });
     msg.set_dense(!n.indices.iter().any(|&i| i < 0));
     msg
 }

@@ -198,7 +198,7 @@ const KEYS: &[KeyInfo] = &[
     KeyInfo { key: "detect.boxes.max_width_m", description: "Boxes wider than this (metres) are dropped.", range: Some((1e-6, 1000.0)), choices: &[] },
     KeyInfo { key: "detect.boxes.min_height_m", description: "Boxes lower than this (metres) are dropped.", range: Some((0.0, 1000.0)), choices: &[] },
     KeyInfo { key: "detect.boxes.score_half_points", description: "A cluster of this many points scores 0.5 (score = n / (n + this)).", range: Some((1e-6, 1e9)), choices: &[] },
-    KeyInfo { key: "detect.boxes.end_on_length_m", description: "Length in metres a car seen end-on (car_end_on window) is completed to, behind its visible end; <= max_length_m.", range: Some((1e-6, 1000.0)), choices: &[] },
+    KeyInfo { key: "detect.boxes.end_on_length_m", description: "Length in metres a car seen end-on (car_end_on window) is completed to, behind its visible end; <= max_length_m and >= the car_end_on window's largest length and width.", range: Some((1e-6, 1000.0)), choices: &[] },
     KeyInfo { key: "detect.boxes.classes.car.length", description: "[min, max] box length in metres of a car.", range: Some((0.0, 1000.0)), choices: &[] },
     KeyInfo { key: "detect.boxes.classes.car.width", description: "[min, max] box width in metres of a car.", range: Some((0.0, 1000.0)), choices: &[] },
     KeyInfo { key: "detect.boxes.classes.car.height", description: "[min, max] box height in metres of a car.", range: Some((0.0, 1000.0)), choices: &[] },

@@ -3,7 +3,8 @@
 //! value of the family's knobs is compiled into a profile, checked against the CPU reference with
 //! the family's `check-gpu` rows (a candidate with one failing row is discarded), then timed with
 //! the family's `bench` rows on the fixed workloads. The fastest valid candidate (geometric mean
-//! of its rows' medians over the starting profile's) is kept before the next family is searched.
+//! of its rows' medians over the starting profile's) replaces the starting values only when it is
+//! at least [`MIN_GAIN`] faster; then the next family is searched.
 //! The result is keyed by the device, its compute capability and the NVRTC version
 //! ([`TunedFor`]), so a node on another device falls back to the target's built-in profile.
 
@@ -21,6 +22,11 @@ struct Family {
     check: fn(&GpuContext, &Path) -> Result<Vec<CheckRow>, VerifyError>,
     bench: fn(&GpuContext, &Path) -> Result<Vec<BenchRow>, VerifyError>,
 }
+
+/// Smallest gain that replaces a family's starting values: on the H200 the same profile timed
+/// twice in one search differed by up to 6 % (kernels of tens of microseconds), so a smaller gain
+/// is not told apart from noise.
+pub const MIN_GAIN: f64 = 0.05;
 
 /// The seed of the check rows' random clouds (fixed: every candidate sees the same inputs).
 const SEED: u64 = 20261201;
@@ -104,7 +110,17 @@ pub struct Trial {
     pub sum_ms: Option<f64>,
     /// Why the candidate could not be checked or timed (a launch refused, ...), if so.
     pub error: Option<String>,
-    pub chosen: bool,
+    pub chosen: Choice,
+}
+
+/// Whether a trial's values were taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    No,
+    /// The fastest, at least [`MIN_GAIN`] faster than the start.
+    Faster,
+    /// The starting values, kept: no candidate was [`MIN_GAIN`] faster.
+    StartKept,
 }
 
 /// The search and its result.
@@ -142,7 +158,11 @@ impl fmt::Display for Tuning {
                 t.checks.1,
                 num(t.relative_time, 3),
                 num(t.sum_ms, 3),
-                if t.chosen { "**yes**" } else { "" }
+                match t.chosen {
+                    Choice::No => "",
+                    Choice::Faster => "**yes**",
+                    Choice::StartKept => "yes (start kept)",
+                }
             )?;
         }
         for t in errors {
@@ -200,6 +220,7 @@ pub fn tune(
             };
             let relative_time = rows.as_ref().and_then(|r| relative(r, &start_rows));
             let sum_ms = rows.as_ref().map(|r| r.iter().map(|r| r.median_ms).sum());
+            let start = candidate == best;
             trials.push(Trial {
                 family: fam.name,
                 candidate: label,
@@ -207,9 +228,9 @@ pub fn tune(
                 relative_time,
                 sum_ms,
                 error,
-                chosen: false,
+                chosen: if start { Choice::StartKept } else { Choice::No },
             });
-            if let Some(rel) = relative_time {
+            if let Some(rel) = relative_time.filter(|&r| r <= 1.0 - MIN_GAIN) {
                 if chosen.as_ref().is_none_or(|(r, _, _)| rel < *r) {
                     chosen = Some((rel, candidate, trials.len() - 1));
                 }
@@ -217,7 +238,10 @@ pub fn tune(
             progress(trials.last().expect("just pushed"), trials.len(), total);
         }
         if let Some((_, profile, at)) = chosen {
-            trials[at].chosen = true;
+            for t in trials.iter_mut().filter(|t| t.family == fam.name) {
+                t.chosen = Choice::No;
+            }
+            trials[at].chosen = Choice::Faster;
             best = profile;
         }
     }

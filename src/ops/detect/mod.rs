@@ -66,7 +66,7 @@ use super::{ParamError, Validate};
 use crate::cloud::Cloud;
 use serde::{Deserialize, Serialize};
 
-/// The coarse classes of [`detect`], by label (the order of the class windows).
+/// The coarse classes of [`detect`], by label.
 pub const CLASS_NAMES: [&str; 4] = ["car", "pedestrian", "cyclist", "unknown"];
 pub const CLASS_UNKNOWN: i32 = 3;
 
@@ -366,6 +366,16 @@ impl Validate for DetectParams {
         }
         positive("boxes.score_half_points", self.boxes.score_half_points, 1e9)?;
         positive("boxes.end_on_length_m", self.boxes.end_on_length_m, self.boxes.max_length_m)?;
+        // A completed car is at least as long as the end it was completed from is long or deep.
+        let end = &self.boxes.classes.car_end_on;
+        let longest_end = end.length[1].max(end.width[1]);
+        if self.boxes.end_on_length_m < longest_end {
+            return Err(ParamError::new(
+                "boxes.end_on_length_m",
+                self.boxes.end_on_length_m,
+                &format!(">= boxes.classes.car_end_on's largest length or width ({longest_end})"),
+            ));
+        }
         for (name, w, _, _) in self.windows() {
             for (side, r) in
                 [("length", w.length), ("width", w.width), ("height", w.height), ("clearance", w.clearance)]
