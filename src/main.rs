@@ -131,6 +131,18 @@ enum Command {
         #[arg(long)]
         report: Option<PathBuf>,
     },
+    /// The CPU reference of FPS, KNN, ball query and downsample on the fixed workloads, median wall time at
+    /// each thread count; writes the indices and the medians to OUTPUTS for bench/cpu_peers.py.
+    BenchCpuOps {
+        /// Folder written by shared/bench/workloads.py --dump.
+        workloads: PathBuf,
+        #[arg(long)]
+        outputs: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+        #[arg(long, default_value_t = 9)]
+        runs: usize,
+    },
     /// GPU time per operator (CUDA events, median) on the fixed benchmark workloads.
     Bench {
         /// Folder written by shared/bench/workloads.py --dump.
@@ -400,6 +412,15 @@ fn run(cli: Cli) -> Result<()> {
                     println!("tuned profile written to {}", path.display());
                 }
                 None => println!("{yaml}"),
+            }
+            Ok(())
+        }
+        Command::BenchCpuOps { workloads, outputs, threads, runs } => {
+            if runs == 0 || threads.contains(&0) {
+                bail!("--runs and every --threads count must be at least 1");
+            }
+            for r in verify::cpu::bench_cpu_ops(&workloads, &threads, runs, &outputs)? {
+                println!("{}\t{} threads\t{:.3} ms\t{}", r.name, r.threads, r.median_ms, r.workload);
             }
             Ok(())
         }

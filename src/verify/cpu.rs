@@ -105,3 +105,104 @@ pub fn bench_cpu(
     }
     Ok(CpuBenchTable(rows))
 }
+
+/// One operator of [`bench_cpu_ops`] at one thread count.
+#[derive(Debug, Clone)]
+pub struct CpuOpRow {
+    /// The name of its output file (`NAME.bin`, int32 indices) and of its row in `ours.tsv`.
+    pub name: &'static str,
+    pub workload: &'static str,
+    pub threads: usize,
+    pub runs: usize,
+    pub median_ms: f64,
+}
+
+/// The CPU reference of FPS, KNN, ball query and the voxel-grid downsample's voxel numbering on the
+/// fixed workloads (`workloads.py --dump`),
+/// median of `runs` runs at each thread count; each operator's indices are written to
+/// `outputs/NAME.bin` (int32, little endian, row-major) and the medians to `outputs/ours.tsv`, for
+/// bench/cpu_peers.py to time the peers beside them on the same inputs and compare.
+pub fn bench_cpu_ops(
+    workloads: &Path,
+    threads: &[usize],
+    runs: usize,
+    outputs: &Path,
+) -> Result<Vec<CpuOpRow>, VerifyError> {
+    use crate::ops::fps::{farthest_point_sample, FpsParams};
+    use crate::ops::neighbors::{ball_query, knn, BallPadding, BallQueryParams, KnnParams};
+    let cloud = |name: &str| -> Result<Cloud, VerifyError> {
+        let (x, y, z) = super::workload_xyz(workloads, name)?;
+        Ok(Cloud::from_xyz(x, y, z))
+    };
+    let scan0 = cloud("scan0_xyz")?;
+    let w3a = cloud("w3a_xyz")?;
+    let (ib, _) = super::read_workload(workloads, "w3b_queries_idx")?;
+    let picks: Vec<usize> =
+        ib.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
+    let queries = scan0.select(&picks);
+    type Op<'a> = Box<dyn Fn() -> Result<Vec<i32>, VerifyError> + Sync + 'a>;
+    let ops: Vec<(&'static str, &'static str, Op)> = vec![
+        (
+            "fps_w2a",
+            "W2a scan0 107,647 -> 4096, start 0",
+            Box::new(|| Ok(farthest_point_sample(&scan0, &FpsParams { num_samples: 4096, start_index: 0 })?.indices)),
+        ),
+        (
+            "knn_w3a",
+            "W3a k=16, 16384 queries = points",
+            Box::new(|| Ok(knn(&w3a, &w3a, &KnnParams { k: 16 })?.indices)),
+        ),
+        (
+            "knn_w3b",
+            "W3b k=32, 4096 FPS queries into scan0",
+            Box::new(|| Ok(knn(&scan0, &queries, &KnnParams { k: 32 })?.indices)),
+        ),
+        (
+            "ball_w4",
+            "W4 r=1 m, 32 samples (first found), 4096 FPS queries into scan0",
+            Box::new(|| {
+                let p = BallQueryParams { radius: 1.0, min_radius: 0.0, nsample: 32, padding: BallPadding::FirstFound };
+                Ok(ball_query(&scan0, &queries, &p)?.indices)
+            }),
+        ),
+        (
+            "downsample_w1",
+            "voxel-grid downsample of scan0, 0.2 m (indices: each point's voxel)",
+            Box::new(|| {
+                let grid = crate::ops::voxel::VoxelGrid {
+                    voxel_size: [0.2; 3],
+                    point_cloud_range: [-100.0, -100.0, -10.0, 100.0, 100.0, 10.0],
+                };
+                Ok(crate::ops::voxel::voxelize_dynamic(&scan0, &grid).point_voxel)
+            }),
+        ),
+    ];
+    std::fs::create_dir_all(outputs).map_err(|e| VerifyError::workload(outputs, e))?;
+    let mut rows = Vec::new();
+    for (name, workload, op) in &ops {
+        for &t in threads {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .map_err(|e| VerifyError::ThreadPool { threads: t, message: e.to_string() })?;
+            let mut ms = Vec::with_capacity(runs);
+            let mut indices = Vec::new();
+            for _ in 0..runs + 1 {
+                let start = std::time::Instant::now();
+                indices = pool.install(op)?;
+                ms.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            ms.remove(0);
+            let path = outputs.join(format!("{name}.bin"));
+            let bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
+            std::fs::write(&path, bytes).map_err(|e| VerifyError::workload(&path, e))?;
+            rows.push(CpuOpRow { name, workload, threads: t, runs, median_ms: super::median(ms) });
+        }
+    }
+    let tsv: String =
+        rows.iter().map(|r| format!("{}\t{}\t{}\t{:.4}\n", r.name, r.threads, r.runs, r.median_ms)).collect();
+    let path = outputs.join("ours.tsv");
+    std::fs::write(&path, format!("name\tthreads\truns\tmedian_ms\n{tsv}"))
+        .map_err(|e| VerifyError::workload(&path, e))?;
+    Ok(rows)
+}
