@@ -117,8 +117,8 @@ pub struct CpuOpRow {
     pub median_ms: f64,
 }
 
-/// The CPU reference of FPS, KNN, ball query and the voxel-grid downsample's voxel numbering on the
-/// fixed workloads (`workloads.py --dump`),
+/// The CPU reference of FPS, KNN, ball query, the voxel-grid downsample's voxel numbering and
+/// axis-aligned NMS on the fixed workloads (`workloads.py --dump`),
 /// median of `runs` runs at each thread count; each operator's indices are written to
 /// `outputs/NAME.bin` (int32, little endian, row-major) and the medians to `outputs/ours.tsv`, for
 /// bench/cpu_peers.py to time the peers beside them on the same inputs and compare.
@@ -140,8 +140,9 @@ pub fn bench_cpu_ops(
     let picks: Vec<usize> =
         ib.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
     let queries = scan0.select(&picks);
+    let nms_workloads = super::nms::load_workloads(workloads)?;
     type Op<'a> = Box<dyn Fn() -> Result<Vec<i32>, VerifyError> + Sync + 'a>;
-    let ops: Vec<(&'static str, &'static str, Op)> = vec![
+    let mut ops: Vec<(&'static str, &'static str, Op)> = vec![
         (
             "fps_w2a",
             "W2a scan0 107,647 -> 4096, start 0",
@@ -177,6 +178,20 @@ pub fn bench_cpu_ops(
             }),
         ),
     ];
+    // Axis-aligned NMS at IoU 0.5 on the torchvision-style boxes (aa_boxes_N), keep in score order.
+    for w in nms_workloads.iter().filter(|w| w.params.kind == crate::ops::nms::NmsKind::AxisAligned) {
+        let name: &'static str = if w.boxes.len() == 10000 { "nms_aa_10000" } else { "nms_aa_50000" };
+        let workload: &'static str =
+            if w.boxes.len() == 10000 { "W5a aa 10000 IoU 0.5" } else { "W5a aa 50000 IoU 0.5" };
+        ops.push((
+            name,
+            workload,
+            Box::new(move || {
+                let out = crate::ops::nms::nms(&w.boxes, &w.scores, &[], &w.params)?;
+                Ok(out.keep.iter().map(|&k| k as i32).collect())
+            }),
+        ));
+    }
     std::fs::create_dir_all(outputs).map_err(|e| VerifyError::workload(outputs, e))?;
     let mut rows = Vec::new();
     for (name, workload, op) in &ops {
