@@ -11,7 +11,6 @@ times the peers the same way on the same arrays, compares the outputs where the 
 and prints one markdown table. Peers that are not installed are skipped, and the table says so.
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -20,10 +19,8 @@ import time
 
 import numpy as np
 
+from workload_io import emit, load, ours as our_indices
 
-def load(wl, name):
-    meta = json.load(open(os.path.join(wl, "manifest.json")))[name]
-    return np.fromfile(os.path.join(wl, name + ".bin"), dtype=np.dtype(meta["dtype"]).newbyteorder("<")).reshape(meta["shape"])
 
 
 def timed(fn, runs):
@@ -63,7 +60,7 @@ def main():
     for line in open(os.path.join(a.ours, "ours.tsv")).read().splitlines()[1:]:
         name, threads, _runs, ms = line.split("\t")
         ours_ms.setdefault(name, {})[int(threads)] = float(ms)
-    ours = {name: np.fromfile(os.path.join(a.ours, name + ".bin"), dtype="<i4") for name in ours_ms}
+    ours = {name: our_indices(a.ours, name) for name in ours_ms}
 
     rows, versions, skipped = [], {"numpy": np.__version__}, []
 
@@ -146,10 +143,7 @@ def main():
     ]
     for name, peer, o, ms, ratio, eq in rows:
         lines.append(f"| {name} | {peer} | " + " | ".join(f"{o.get(t, float('nan')):.2f}" for t in threads) + f" | {ms:.2f} | {ratio:.2f} | {eq} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        open(a.out, "w").write(text)
+    emit(lines, a.out)
     return 0
 
 

@@ -11,8 +11,6 @@ Peers: torchvision.ops.nms (axis-aligned NMS, W5a) and torch.cdist + topk (KNN, 
 timed with CUDA events (median after warm-up), their outputs compared with ours.
 """
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -20,11 +18,8 @@ import time
 import numpy as np
 import torch
 import torchvision
+from workload_io import emit, load, ours as our_indices
 
-
-def load(wl, name):
-    meta = json.load(open(os.path.join(wl, "manifest.json")))[name]
-    return np.fromfile(os.path.join(wl, name + ".bin"), dtype=np.dtype(meta["dtype"]).newbyteorder("<")).reshape(meta["shape"])
 
 
 def cuda_ms(fn, runs):
@@ -65,7 +60,6 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda")
     gpu = our_gpu_ms(a.bench_md)
-    ours = lambda name: np.fromfile(os.path.join(a.ours, name + ".bin"), dtype="<i4")
     rows = []
 
     for n in (10000, 50000):
@@ -73,7 +67,7 @@ def main():
         scores = torch.from_numpy(load(a.workloads, f"aa_scores_{n}")).to(dev)
         ms, keep = cuda_ms(lambda: torchvision.ops.nms(boxes, scores, 0.5), a.runs)
         keep = keep.cpu().numpy()
-        ref = ours(f"nms_aa_{n}")
+        ref = our_indices(a.ours, f"nms_aa_{n}")
         eq = "yes" if np.array_equal(keep, ref) else f"no: {len(keep)} kept vs our {len(ref)}, {len(set(keep.tolist()) & set(ref.tolist()))} in common"
         rows.append((f"nms_aa {n} IoU 0.5", "torchvision.ops.nms", gpu.get(("nms_aa", f"aa_boxes_{n} IoU 0.5")), ms, eq))
 
@@ -84,7 +78,7 @@ def main():
         ("knn_w3a", w3a, w3a, 16, ("knn", "W3a k=16, 16384 queries = points")),
         ("knn_w3b", scan0, queries, 32, ("knn", "W3b k=32, 4096 FPS queries into scan0")),
     ]:
-        ref = ours(name).reshape(len(q), k)
+        ref = our_indices(a.ours, name).reshape(len(q), k)
         for mode in ("use_mm_for_euclid_dist_if_necessary", "donot_use_mm_for_euclid_dist"):
             ms, idx = cuda_ms(lambda: torch.cdist(q, pts, compute_mode=mode).topk(k, largest=False).indices, a.runs)
             idx = idx.cpu().numpy()
@@ -99,10 +93,7 @@ def main():
     for op, peer, o, p, eq in rows:
         ratio = f"{p / o:.1f}" if o else "-"
         lines.append(f"| {op} | {peer} | {o if o is not None else '-'} | {p:.4f} | {ratio} | {eq} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        open(a.out, "w").write(text)
+    emit(lines, a.out)
     return 0
 
 

@@ -31,6 +31,23 @@ pub const MIN_GAIN: f64 = 0.05;
 /// The seed of the check rows' random clouds (fixed: every candidate sees the same inputs).
 const SEED: u64 = 20261201;
 
+/// `base` with one knob set to each of `values`, labelled `key value`.
+fn one_knob<T: Copy + fmt::Display>(
+    base: &KernelProfile,
+    key: &str,
+    values: &[T],
+    set: fn(&mut KernelProfile, T),
+) -> Vec<(String, KernelProfile)> {
+    values
+        .iter()
+        .map(|&v| {
+            let mut p = base.clone();
+            set(&mut p, v);
+            (format!("{key} {v}"), p)
+        })
+        .collect()
+}
+
 fn families() -> [Family; 4] {
     [
         Family {
@@ -51,45 +68,20 @@ fn families() -> [Family; 4] {
         },
         Family {
             name: "voxel hash table",
-            candidates: |base| {
-                [0.3, 0.5, 0.7]
-                    .into_iter()
-                    .map(|f| {
-                        let mut p = base.clone();
-                        p.hash_load_factor = f;
-                        (format!("hash_load_factor {f}"), p)
-                    })
-                    .collect()
-            },
+            candidates: |base| one_knob(base, "hash_load_factor", &[0.3, 0.5, 0.7], |p, f| p.hash_load_factor = f),
             check: |ctx, ouster| voxel::check_with(ctx, SEED, ouster, true),
             bench: voxel::bench,
         },
         Family {
             name: "fps",
-            candidates: |base| {
-                [256, 512, 1024]
-                    .into_iter()
-                    .map(|b| {
-                        let mut p = base.clone();
-                        p.block_size.fps = b;
-                        (format!("block_size.fps {b}"), p)
-                    })
-                    .collect()
-            },
+            candidates: |base| one_knob(base, "block_size.fps", &[256, 512, 1024], |p, b| p.block_size.fps = b),
             check: |ctx, ouster| fps::check(ctx, SEED, ouster),
             bench: fps::bench,
         },
         Family {
             name: "neighbors",
             candidates: |base| {
-                [64, 128, 256, 512]
-                    .into_iter()
-                    .map(|b| {
-                        let mut p = base.clone();
-                        p.block_size.neighbors = b;
-                        (format!("block_size.neighbors {b}"), p)
-                    })
-                    .collect()
+                one_knob(base, "block_size.neighbors", &[64, 128, 256, 512], |p, b| p.block_size.neighbors = b)
             },
             check: |ctx, ouster| neighbors::check(ctx, SEED, ouster),
             bench: neighbors::bench,
