@@ -6,6 +6,7 @@ use super::config::FeaturesDtype;
 use super::{Neighborhoods, Voxels};
 use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
+use crate::ops::neighbors::for_each_row_block;
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
 use rayon::prelude::*;
@@ -14,15 +15,17 @@ use std::borrow::Cow;
 /// Records written per task by [`for_each_record`].
 const RECORDS_PER_TASK: usize = 4096;
 
-/// `f(i, record i)` for every `step`-byte record of `data`, on the current rayon pool. Each record
-/// is written on its own, so the bytes do not depend on the threads.
+/// `f(i, record i)` for every `step`-byte record of `data`, on the current rayon pool (the row
+/// blocks of the neighbour searches). Each record is written on its own, so the bytes do not
+/// depend on the threads.
 fn for_each_record(data: &mut [u8], step: usize, f: impl Fn(usize, &mut [u8]) + Sync) {
     if step == 0 {
         return;
     }
-    data.par_chunks_mut(step * RECORDS_PER_TASK).enumerate().for_each(|(t, chunk)| {
-        for (j, rec) in chunk.chunks_exact_mut(step).enumerate() {
-            f(t * RECORDS_PER_TASK + j, rec);
+    let rows = data.len() / step;
+    for_each_row_block(rows, data, step, &mut vec![(); rows], 1, RECORDS_PER_TASK, |first, block, _| {
+        for (j, rec) in block.chunks_exact_mut(step).enumerate() {
+            f(first + j, rec);
         }
     });
 }

@@ -41,6 +41,20 @@ impl fmt::Display for CpuBenchTable {
     }
 }
 
+/// One rayon pool of each size in `threads`, in order.
+fn pools(threads: &[usize]) -> Result<Vec<(usize, rayon::ThreadPool)>, VerifyError> {
+    threads
+        .iter()
+        .map(|&t| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .map_err(|e| VerifyError::ThreadPool { threads: t, message: e.to_string() })?;
+            Ok((t, pool))
+        })
+        .collect()
+}
+
 /// The 1.7 M-point cloud of shared/bench/workloads.py's shape: the six scans one after the other,
 /// three times, each copy's x, y, z jittered by up to 1 cm (a fixed seed).
 fn large_cloud(scans: &[Cloud]) -> Cloud {
@@ -87,14 +101,12 @@ pub fn bench_cpu(
         ("os1-128_scan0", by_name("os1-128_scan0.bin"), frames),
         ("6 scans x 3, jittered", large_cloud(&scans), (frames / 5).max(3)),
     ];
+    let pools = pools(threads)?;
     let mut rows = Vec::new();
     for (name, cloud, frames) in clouds {
         let cdr = ouster_cloud_message(&cloud, Header::default()).to_cdr();
-        for &t in threads {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .map_err(|e| VerifyError::ThreadPool { threads: t, message: e.to_string() })?;
+        for (t, pool) in &pools {
+            let t = *t;
             let engine = Engine::select(BackendKind::Cpu, ProfileChoice::Auto)?;
             let mut pipeline = Pipeline::with_engine(config.clone(), engine);
             let (median_ms, stages) =
@@ -110,8 +122,8 @@ pub fn bench_cpu(
 #[derive(Debug, Clone)]
 pub struct CpuOpRow {
     /// The name of its output file (`NAME.bin`, int32 indices) and of its row in `ours.tsv`.
-    pub name: &'static str,
-    pub workload: &'static str,
+    pub name: String,
+    pub workload: String,
     pub threads: usize,
     pub runs: usize,
     pub median_ms: f64,
@@ -136,39 +148,36 @@ pub fn bench_cpu_ops(
     };
     let scan0 = cloud("scan0_xyz")?;
     let w3a = cloud("w3a_xyz")?;
-    let (ib, _) = super::read_workload(workloads, "w3b_queries_idx")?;
-    let picks: Vec<usize> =
-        ib.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
-    let queries = scan0.select(&picks);
+    let queries = scan0.select(&super::workload_indices(workloads, "w3b_queries_idx")?);
     let nms_workloads = super::nms::load_workloads(workloads)?;
     type Op<'a> = Box<dyn Fn() -> Result<Vec<i32>, VerifyError> + Sync + 'a>;
-    let mut ops: Vec<(&'static str, &'static str, Op)> = vec![
+    let mut ops: Vec<(String, String, Op)> = vec![
         (
-            "fps_w2a",
-            "W2a scan0 107,647 -> 4096, start 0",
+            "fps_w2a".into(),
+            "W2a scan0 107,647 -> 4096, start 0".into(),
             Box::new(|| Ok(farthest_point_sample(&scan0, &FpsParams { num_samples: 4096, start_index: 0 })?.indices)),
         ),
         (
-            "knn_w3a",
-            "W3a k=16, 16384 queries = points",
+            "knn_w3a".into(),
+            "W3a k=16, 16384 queries = points".into(),
             Box::new(|| Ok(knn(&w3a, &w3a, &KnnParams { k: 16 })?.indices)),
         ),
         (
-            "knn_w3b",
-            "W3b k=32, 4096 FPS queries into scan0",
+            "knn_w3b".into(),
+            "W3b k=32, 4096 FPS queries into scan0".into(),
             Box::new(|| Ok(knn(&scan0, &queries, &KnnParams { k: 32 })?.indices)),
         ),
         (
-            "ball_w4",
-            "W4 r=1 m, 32 samples (first found), 4096 FPS queries into scan0",
+            "ball_w4".into(),
+            "W4 r=1 m, 32 samples (first found), 4096 FPS queries into scan0".into(),
             Box::new(|| {
                 let p = BallQueryParams { radius: 1.0, min_radius: 0.0, nsample: 32, padding: BallPadding::FirstFound };
                 Ok(ball_query(&scan0, &queries, &p)?.indices)
             }),
         ),
         (
-            "downsample_w1",
-            "voxel-grid downsample of scan0, 0.2 m (indices: each point's voxel)",
+            "downsample_w1".into(),
+            "voxel-grid downsample of scan0, 0.2 m (indices: each point's voxel)".into(),
             Box::new(|| {
                 let grid = crate::ops::voxel::VoxelGrid {
                     voxel_size: [0.2; 3],
@@ -180,12 +189,9 @@ pub fn bench_cpu_ops(
     ];
     // Axis-aligned NMS at IoU 0.5 on the torchvision-style boxes (aa_boxes_N), keep in score order.
     for w in nms_workloads.iter().filter(|w| w.params.kind == crate::ops::nms::NmsKind::AxisAligned) {
-        let name: &'static str = if w.boxes.len() == 10000 { "nms_aa_10000" } else { "nms_aa_50000" };
-        let workload: &'static str =
-            if w.boxes.len() == 10000 { "W5a aa 10000 IoU 0.5" } else { "W5a aa 50000 IoU 0.5" };
         ops.push((
-            name,
-            workload,
+            format!("nms_aa_{}", w.boxes.len()),
+            format!("W5a {}", w.name),
             Box::new(move || {
                 let out = crate::ops::nms::nms(&w.boxes, &w.scores, &[], &w.params)?;
                 Ok(out.keep.iter().map(|&k| k as i32).collect())
@@ -193,26 +199,30 @@ pub fn bench_cpu_ops(
         ));
     }
     std::fs::create_dir_all(outputs).map_err(|e| VerifyError::workload(outputs, e))?;
+    let pools = pools(threads)?;
     let mut rows = Vec::new();
     for (name, workload, op) in &ops {
-        for &t in threads {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .map_err(|e| VerifyError::ThreadPool { threads: t, message: e.to_string() })?;
+        let mut indices = Vec::new();
+        for (t, pool) in &pools {
             let mut ms = Vec::with_capacity(runs);
-            let mut indices = Vec::new();
             for _ in 0..runs + 1 {
                 let start = std::time::Instant::now();
                 indices = pool.install(op)?;
                 ms.push(start.elapsed().as_secs_f64() * 1e3);
             }
             ms.remove(0);
-            let path = outputs.join(format!("{name}.bin"));
-            let bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
-            std::fs::write(&path, bytes).map_err(|e| VerifyError::workload(&path, e))?;
-            rows.push(CpuOpRow { name, workload, threads: t, runs, median_ms: super::median(ms) });
+            rows.push(CpuOpRow {
+                name: name.clone(),
+                workload: workload.clone(),
+                threads: *t,
+                runs,
+                median_ms: super::median(ms),
+            });
         }
+        // The same bits at every thread count: one file.
+        let path = outputs.join(format!("{name}.bin"));
+        let bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
+        std::fs::write(&path, bytes).map_err(|e| VerifyError::workload(&path, e))?;
     }
     let tsv: String =
         rows.iter().map(|r| format!("{}\t{}\t{}\t{:.4}\n", r.name, r.threads, r.runs, r.median_ms)).collect();

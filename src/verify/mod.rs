@@ -100,6 +100,12 @@ pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usiz
     Ok((bytes, shape))
 }
 
+/// An int64 index workload (`w3b_queries_idx`, ...) as indices.
+pub(crate) fn workload_indices(dir: &Path, name: &str) -> Result<Vec<usize>, VerifyError> {
+    let (bytes, _shape) = read_workload(dir, name)?;
+    Ok(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect())
+}
+
 /// An `[N, 3]` float32 workload as x, y, z columns.
 pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), VerifyError> {
     let (bytes, _shape) = read_workload(dir, name)?;

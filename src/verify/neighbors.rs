@@ -3,7 +3,7 @@
 
 use super::report::{BenchRow, CheckRow, Rng};
 use super::VerifyError;
-use super::{load_scan, read_workload, time_ms, upload_cloud, workload_xyz};
+use super::{load_scan, time_ms, upload_cloud, workload_indices, workload_xyz};
 use crate::cloud::Cloud;
 use crate::gpu::{upload_xyz, DeviceXyz, GpuContext, GpuError};
 use crate::ops::neighbors::cuda::{
@@ -317,8 +317,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
     let n = x.len();
     let pbuf = upload_xyz(ctx, &x, &y, &z)?;
     let pd = DeviceXyz::new(&pbuf, n, n)?;
-    let (ib, _) = read_workload(workloads, "w3b_queries_idx")?;
-    let qi: Vec<usize> = ib.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize).collect();
+    let qi = workload_indices(workloads, "w3b_queries_idx")?;
     let m = qi.len();
     let qb = upload_xyz(
         ctx,
