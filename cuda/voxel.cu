@@ -667,6 +667,28 @@ vox_pillar(const float* __restrict__ features, const unsigned int* __restrict__ 
     }
 }
 
+// Centroids of hard voxels for the `voxels` topic, on the device so that the [V, P, C] features are
+// only copied back into the published message, never read by the host. One thread per
+// (voxel, channel); the f64 sum runs in slot order from -0.0 (the neutral element of Rust's float
+// Sum), so the bits equal the CPU reference `ops::voxel::hard_centroids`.
+extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
+vox_centroids(const float* __restrict__ features, const unsigned int* __restrict__ num_points,
+              const unsigned int* counters, float* __restrict__ out, const VoxParams p) {
+    const unsigned int P = p.max_points;
+    const unsigned int C = p.num_ch;
+    const unsigned long long total = (unsigned long long)kept_voxels(counters, p) * C;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total;
+         t += (unsigned long long)gridDim.x * VOXEL_BLOCK) {
+        const unsigned int v = (unsigned int)(t / C);
+        const unsigned int k = (unsigned int)(t - (unsigned long long)v * C);
+        const unsigned int np = num_points[v];
+        const float* blk = features + (unsigned long long)v * P * C + k;
+        double sum = -0.0;
+        for (unsigned int j = 0; j < np; ++j) sum = __dadd_rn(sum, (double)blk[(unsigned long long)j * C]);
+        out[t] = __double2float_rn(__ddiv_rn(sum, (double)(np > 0u ? np : 1u)));
+    }
+}
+
 // fp16 copies of voxel features for fp16 networks (Jetson). cvt.rn rounds to nearest even, the
 // rounding of half::f16::from_f32 on the host, so the CPU reference gives the same bits. Inline PTX
 // keeps NVRTC free of the cuda_fp16.h header.

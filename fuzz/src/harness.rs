@@ -223,7 +223,7 @@ pub fn fixture_boxes_cdr() -> &'static [u8] {
         let scores = [0.9, 0.8, 0.7, 0.95, 0.1];
         let labels = [0, 0, 1, 1, 2];
         let header = Header { stamp_sec: 1, stamp_nanosec: 2, frame_id: "fuzz".into() };
-        boxes_message(&header, &boxes, &scores, &labels).into_cdr()
+        boxes_message(&header, &boxes, &scores, &labels).cdr().to_vec()
     })
 }
 

@@ -141,21 +141,8 @@ impl CdrWriter {
         self.buf.push(0);
     }
     pub fn byte_seq(&mut self, bytes: &[u8]) {
-        self.byte_seq_at(bytes);
-    }
-    /// [`Self::byte_seq`], returning where the bytes lie in the buffer.
-    pub fn byte_seq_at(&mut self, bytes: &[u8]) -> std::ops::Range<usize> {
         self.u32(bytes.len() as u32);
-        let start = self.buf.len();
         self.buf.extend_from_slice(bytes);
-        start..self.buf.len()
-    }
-    /// A byte sequence of `len` zero bytes, to be filled in place: returns where it lies in the buffer.
-    pub fn byte_seq_zeroed(&mut self, len: usize) -> std::ops::Range<usize> {
-        self.u32(len as u32);
-        let start = self.buf.len();
-        self.buf.resize(start + len, 0);
-        start..start + len
     }
     pub fn finish(self) -> Vec<u8> {
         self.buf

@@ -103,6 +103,20 @@ impl PointField {
     pub fn new(name: &str, offset: u32, datatype: Datatype) -> Self {
         Self { name: name.to_string(), offset, datatype: datatype as u8, count: 1 }
     }
+
+    /// Fields of the given names and datatypes packed one after the other, and the point step.
+    pub fn packed<'n>(fields: impl IntoIterator<Item = (&'n str, Datatype)>) -> (Vec<PointField>, u32) {
+        let mut offset = 0;
+        let fields = fields
+            .into_iter()
+            .map(|(name, dt)| {
+                let f = PointField::new(name, offset, dt);
+                offset += dt.size();
+                f
+            })
+            .collect();
+        (fields, offset)
+    }
 }
 
 /// std_msgs/Header.
@@ -321,11 +335,70 @@ impl SourceIndex {
     }
 }
 
+/// Bytes an allocator lends for one message and takes back when they drop (on any thread): the
+/// CUDA backend's page-locked buffers, which its copies write into without a staging copy.
+pub trait LentBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+/// The encoded bytes of a message: its own heap buffer, or bytes lent by an allocator.
+pub enum MessageBytes {
+    Heap(Vec<u8>),
+    Lent(Box<dyn LentBytes>),
+}
+
+impl MessageBytes {
+    /// `len` zero bytes on the heap.
+    pub fn zeroed(len: usize) -> Self {
+        MessageBytes::Heap(vec![0; len])
+    }
+}
+
+impl std::ops::Deref for MessageBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            MessageBytes::Heap(v) => v,
+            MessageBytes::Lent(b) => b.bytes(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for MessageBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            MessageBytes::Heap(v) => v,
+            MessageBytes::Lent(b) => b.bytes_mut(),
+        }
+    }
+}
+
+/// A clone is a heap copy (the lender's buffer stays with the original).
+impl Clone for MessageBytes {
+    fn clone(&self) -> Self {
+        MessageBytes::Heap(self.to_vec())
+    }
+}
+
+impl std::fmt::Debug for MessageBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if matches!(self, MessageBytes::Heap(_)) { "heap" } else { "lent" };
+        write!(f, "MessageBytes({} bytes, {kind})", self.len())
+    }
+}
+
+impl From<Vec<u8>> for MessageBytes {
+    fn from(v: Vec<u8>) -> Self {
+        MessageBytes::Heap(v)
+    }
+}
+
 /// A PointCloud2 written straight into its CDR bytes: the header and fields first, then the point
 /// records filled in place, so an output is encoded once, with no intermediate copy of its data.
 #[derive(Debug, Clone)]
 pub struct CloudMessage {
-    cdr: Vec<u8>,
+    cdr: MessageBytes,
     data: std::ops::Range<usize>,
     points: usize,
 }
@@ -341,32 +414,19 @@ impl CloudMessage {
         point_step: u32,
         big_endian: bool,
     ) -> Self {
-        Self::write(header, height, width, fields, point_step, big_endian, |w| {
-            w.byte_seq_zeroed(height * width * point_step as usize)
-        })
+        Self::in_bytes(header, height, width, fields, point_step, big_endian, MessageBytes::zeroed)
     }
 
-    /// A message whose records are `records` (`height * width * point_step` bytes), copied once.
-    pub fn from_records(
-        header: &Header,
-        (height, width): (usize, usize),
-        fields: &[PointField],
-        point_step: u32,
-        big_endian: bool,
-        records: &[u8],
-    ) -> Self {
-        assert_eq!(records.len(), height * width * point_step as usize, "record bytes");
-        Self::write(header, height, width, fields, point_step, big_endian, |w| w.byte_seq_at(records))
-    }
-
-    fn write(
+    /// [`Self::new`] in bytes from `alloc` (called once with the encoded length), whose records
+    /// are left as `alloc` gives them: for a caller that writes every record byte.
+    pub fn in_bytes(
         header: &Header,
         height: usize,
         width: usize,
         fields: &[PointField],
         point_step: u32,
         big_endian: bool,
-        data: impl FnOnce(&mut CdrWriter) -> std::ops::Range<usize>,
+        alloc: impl FnOnce(usize) -> MessageBytes,
     ) -> Self {
         let mut w = CdrWriter::new();
         header.write(&mut w);
@@ -382,9 +442,15 @@ impl CloudMessage {
         w.bool(big_endian);
         w.u32(point_step);
         w.u32(point_step * width as u32);
-        let data = data(&mut w);
-        w.bool(true);
-        Self { cdr: w.finish(), data, points: height * width }
+        let records = height * width * point_step as usize;
+        w.u32(records as u32);
+        let prefix = w.finish();
+        let data = prefix.len()..prefix.len() + records;
+        let mut cdr = alloc(data.end + 1);
+        assert_eq!(cdr.len(), data.end + 1, "message bytes");
+        cdr[..prefix.len()].copy_from_slice(&prefix);
+        cdr[data.end] = 1; // is_dense
+        Self { cdr, data, points: height * width }
     }
 
     /// The point records (row-major), to be filled.
@@ -405,7 +471,7 @@ impl CloudMessage {
         &self.cdr
     }
 
-    pub fn into_cdr(self) -> Vec<u8> {
+    pub fn into_cdr(self) -> MessageBytes {
         self.cdr
     }
 

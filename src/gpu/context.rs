@@ -59,6 +59,8 @@ pub struct GpuContext {
     pub(crate) gather_scratch: Mutex<super::gather::GatherScratch>,
     /// Point columns of gathered clouds (grow-only, recycled when a [`super::DeviceCloud`] drops).
     pub cloud_pool: DevicePool<f32>,
+    /// Page-locked bytes of the messages results are copied back into.
+    pub output_pool: super::OutputPool,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -151,6 +153,7 @@ impl GpuContext {
         let gather_scratch = super::gather::GatherScratch::new(&stream, &profile)?;
         let cloud_pool = DevicePool::new(stream.clone(), pools.points * 8);
         Ok(Self {
+            output_pool: super::OutputPool::new(ctx.clone()),
             ctx,
             stream,
             modules,

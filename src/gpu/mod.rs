@@ -13,6 +13,7 @@ pub mod fault;
 pub mod gather;
 pub mod kernels;
 pub mod nvrtc;
+pub mod output_pool;
 pub mod profile;
 
 pub use buffer::{upload_xyz, DevBuf, DeviceXyz};
@@ -21,6 +22,7 @@ pub use fault::{FaultKind, FaultOp, FaultPlan};
 pub use gather::{upload_and_gather, DeviceCloud};
 pub use kernels::{KernelSource, KERNELS};
 pub use nvrtc::{nvrtc_check, NvrtcReport, NvrtcRow};
+pub use output_pool::OutputPool;
 pub use profile::{KernelProfile, ProfileChoice, TunedFor};
 
 use crate::ops::ParamError;

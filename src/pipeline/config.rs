@@ -11,7 +11,7 @@ use crate::ops::detect::DetectParams;
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::{BallQueryParams, KnnParams};
 use crate::ops::nms::{NmsKind, NmsParams};
-use crate::ops::voxel::{HardVoxelParams, VoxelGrid};
+use crate::ops::voxel::{FeaturesDtype, HardVoxelParams, VoxelGrid};
 use crate::ops::{ParamError, Validate};
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
@@ -56,18 +56,6 @@ pub struct VoxelizeStage {
     pub features_dtype: FeaturesDtype,
     #[serde(flatten)]
     pub params: HardVoxelParams,
-}
-
-/// How `voxel_features` carries the [V, P, C] values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum FeaturesDtype {
-    /// FLOAT32 fields.
-    #[default]
-    Float32,
-    /// IEEE binary16 for fp16 networks, rounded to nearest even (`ops::voxel::features_f16`), in
-    /// UINT16 fields (PointCloud2 has no half-float datatype).
-    Float16,
 }
 
 impl Default for VoxelizeStage {

@@ -7,7 +7,8 @@ pub mod outputs;
 pub mod stages;
 pub mod stats;
 
-pub use config::{ConfigError, FeaturesDtype, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
+pub use crate::ops::voxel::FeaturesDtype;
+pub use config::{ConfigError, FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 pub use engine::Engine;
 pub use stages::{
     StageResults, BOXES_TOPIC, CLUSTERS_TOPIC, DETECTIONS_3D_TOPIC, DETECTIONS_TOPIC, DOWNSAMPLED_TOPIC, MARKERS_TOPIC,
@@ -36,7 +37,12 @@ pub enum FrameError {
 /// Voxelization result of either mode.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Voxels {
-    Hard(HardVoxels),
+    /// Hard voxels without their features (those are the `voxel_features` message,
+    /// [`StageResults::voxel_features`]) and their `[V, C]` centroids.
+    Hard {
+        voxels: HardVoxels,
+        centroids: Vec<f32>,
+    },
     Dynamic(DynamicVoxels),
 }
 
@@ -85,28 +91,28 @@ impl Voxels {
 
     pub fn num_points(&self) -> &[u32] {
         match self {
-            Voxels::Hard(v) => &v.num_points,
+            Voxels::Hard { voxels: v, .. } => &v.num_points,
             Voxels::Dynamic(v) => &v.num_points,
         }
     }
 
     pub fn coords(&self) -> &[[i32; 3]] {
         match self {
-            Voxels::Hard(v) => &v.coords,
+            Voxels::Hard { voxels: v, .. } => &v.coords,
             Voxels::Dynamic(v) => &v.voxel_coords,
         }
     }
 
     pub fn dropped_out_of_range(&self) -> usize {
         match self {
-            Voxels::Hard(v) => v.dropped_out_of_range,
+            Voxels::Hard { voxels: v, .. } => v.dropped_out_of_range,
             Voxels::Dynamic(v) => v.dropped_out_of_range,
         }
     }
 
     pub fn dropped_capacity(&self) -> usize {
         match self {
-            Voxels::Hard(v) => v.dropped_point_capacity + v.dropped_voxel_capacity,
+            Voxels::Hard { voxels: v, .. } => v.dropped_point_capacity + v.dropped_voxel_capacity,
             Voxels::Dynamic(_) => 0,
         }
     }
@@ -150,8 +156,9 @@ impl Pipeline {
 
     fn process_timed<'a>(&mut self, view: CloudView<'a>, mut timings: Timings) -> Result<FrameOutput<'a>, FrameError> {
         self.stats.clouds_received += 1;
-        let result = self.engine.run(&self.config, &view, &mut timings, &mut self.stats.gpu).map(|results| {
-            let messages = timed(&mut timings, "encode", || encode(&view, &results, &self.config));
+        let result = self.engine.run(&self.config, &view, &mut timings, &mut self.stats.gpu).map(|mut results| {
+            let features = results.voxel_features.take();
+            let messages = timed(&mut timings, "encode", || encode(&view, &results, features, &self.config));
             FrameOutput { view, results, messages, timings }
         });
         match &result {
@@ -245,25 +252,27 @@ impl FrameOutput<'_> {
     }
 }
 
-/// The output messages of one frame's results. The voxel feature channels after x, y, z are named
-/// by the configuration's `features`. The messages are built side by side on the current rayon
+/// The voxel channels: x, y, z, then the configuration's `features`.
+pub(crate) fn voxel_channel_names(cfg: &PipelineConfig) -> Vec<String> {
+    ["x", "y", "z"].into_iter().map(String::from).chain(cfg.features.iter().cloned()).collect()
+}
+
+/// The output messages of one frame's results (`features`: the `voxel_features` message the
+/// voxelize stage wrote). The messages are built side by side on the current rayon
 /// pool (each from its own results, so the bytes do not depend on the threads).
-fn encode(view: &CloudView<'_>, r: &StageResults, cfg: &PipelineConfig) -> Vec<(&'static str, CloudMessage)> {
+fn encode(
+    view: &CloudView<'_>,
+    r: &StageResults,
+    features: Option<CloudMessage>,
+    cfg: &PipelineConfig,
+) -> Vec<(&'static str, CloudMessage)> {
     let h = &view.msg.header;
     let source = view.source_indices(r.dropped_non_finite);
     let voxel_messages = || {
         let Some(v) = &r.voxels else { return Vec::new() };
-        let mut names: Vec<String> = vec!["x".into(), "y".into(), "z".into()];
-        names.extend(cfg.features.iter().cloned());
-        let features = || match v {
-            Voxels::Hard(hard) => Some((
-                VOXEL_FEATURES_TOPIC,
-                outputs::voxel_features_message(h, hard, &names, cfg.voxelize.features_dtype),
-            )),
-            Voxels::Dynamic(_) => None,
-        };
-        let (voxels, features) = rayon::join(|| (VOXELS_TOPIC, outputs::voxels_message(h, v, &names)), features);
-        std::iter::once(voxels).chain(features).collect()
+        std::iter::once((VOXELS_TOPIC, outputs::voxels_message(h, v, &voxel_channel_names(cfg))))
+            .chain(features.map(|m| (VOXEL_FEATURES_TOPIC, m)))
+            .collect()
     };
     let cloud_messages = || {
         let downsampled =

@@ -2,14 +2,12 @@
 //! Integer values (indices, counts, coordinates) are written as INT32/UINT32 from the integers
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
-use super::config::FeaturesDtype;
 use super::{Neighborhoods, Voxels};
 use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::neighbors::for_each_row_block;
 use crate::ops::nms::Box3d;
-use crate::ops::voxel::{features_f16, DynamicVoxels, HardVoxels};
-use rayon::prelude::*;
+use crate::ops::voxel::DynamicVoxels;
 use std::borrow::Cow;
 
 /// Records written per task by [`for_each_record`].
@@ -65,25 +63,11 @@ impl Column<'_> {
     }
 }
 
-/// Fields of the given names and datatypes packed one after the other, and the point step.
-fn packed_fields<'n>(fields: impl IntoIterator<Item = (&'n str, Datatype)>) -> (Vec<PointField>, u32) {
-    let mut offset = 0;
-    let fields = fields
-        .into_iter()
-        .map(|(name, dt)| {
-            let f = PointField::new(name, offset, dt);
-            offset += dt.size();
-            f
-        })
-        .collect();
-    (fields, offset)
-}
-
 /// A little-endian message of packed 4-byte fields, `height` rows of `width` points (row-major).
 fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str, Column<'_>)]) -> CloudMessage {
     let n = height * width;
     assert!(columns.iter().all(|(_, c)| c.len() == n), "column lengths");
-    let (fields, step) = packed_fields(columns.iter().map(|(name, c)| (*name, c.datatype())));
+    let (fields, step) = PointField::packed(columns.iter().map(|(name, c)| (*name, c.datatype())));
     let step = step as usize;
     let mut m = CloudMessage::new(header, height, width, &fields, step as u32, false);
     for_each_record(m.data_mut(), step, |i, rec| {
@@ -94,32 +78,14 @@ fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str
     m
 }
 
-/// Per-voxel centroid of every feature channel: hard voxels average their valid slots (sum in f64,
-/// slot order), dynamic voxels already carry the means.
-fn centroids(v: &Voxels, names: &[String]) -> Cloud {
-    match v {
-        Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
-        Voxels::Hard(v) => {
-            let (c, p) = (v.num_channels, v.max_points);
-            let mut means = vec![0.0f32; v.num_points.len() * c];
-            if c > 0 {
-                means.par_chunks_mut(c).zip(&v.num_points).enumerate().for_each(|(vi, (mean, &n))| {
-                    for (ch, m) in mean.iter_mut().enumerate() {
-                        let sum: f64 = (0..n as usize).map(|s| v.features[(vi * p + s) * c + ch] as f64).sum();
-                        *m = (sum / n.max(1) as f64) as f32;
-                    }
-                });
-            }
-            Cloud::from_row_major(&means, c, names)
-        }
-    }
-}
-
 /// `voxels`: one point per voxel, in voxel order (row v of `voxel_features` for hard voxels):
 /// centroid x, y, z, mean intensity (when the features have one), `num_points` (UINT32) and the
 /// grid coordinates `voxel_z`, `voxel_y`, `voxel_x` (INT32).
 pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> CloudMessage {
-    let c = centroids(voxels, names);
+    let c = match voxels {
+        Voxels::Hard { voxels: v, centroids } => Cloud::from_row_major(centroids, v.num_channels, names),
+        Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
+    };
     let coord = |k: usize| Column::I32(voxels.coords().iter().map(|v| v[k]).collect());
     let mut columns =
         vec![("x", Column::F32(c.x().into())), ("y", Column::F32(c.y().into())), ("z", Column::F32(c.z().into()))];
@@ -133,37 +99,6 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Clo
         ("voxel_x", coord(2)),
     ]);
     packed_message(header, 1, voxels.len(), &columns)
-}
-
-/// `voxel_features`: the hard voxels' `[V, P, C]` features as an organized cloud, height V (one row
-/// per voxel, in the order of `voxels`), width P (`max_points_per_voxel`), one field per channel
-/// (x, y, z, then `features`): FLOAT32, or with `Float16` the binary16 bits in UINT16 fields.
-/// Slots past a voxel's `num_points` are zero, as a PointPillars network expects them, and make
-/// the message not dense.
-pub fn voxel_features_message(header: &Header, v: &HardVoxels, names: &[String], dtype: FeaturesDtype) -> CloudMessage {
-    let (p, c, nv) = (v.max_points, v.num_channels, v.num_points.len());
-    let field_type = match dtype {
-        FeaturesDtype::Float32 => Datatype::Float32,
-        FeaturesDtype::Float16 => Datatype::Uint16,
-    };
-    let (fields, step) = packed_fields(names.iter().take(c).map(|n| (n.as_str(), field_type)));
-    // [V, P, C] row-major is already the packed records, row by row: one copy of the float32
-    // values where the host is little endian, like the message.
-    let converted: Vec<u8>;
-    let records: &[u8] = match dtype {
-        FeaturesDtype::Float32 if cfg!(target_endian = "little") => bytemuck::cast_slice(&v.features),
-        FeaturesDtype::Float32 => {
-            converted = v.features.iter().flat_map(|f| f.to_le_bytes()).collect();
-            &converted
-        }
-        FeaturesDtype::Float16 => {
-            converted = features_f16(&v.features).iter().flat_map(|h| h.to_bits().to_le_bytes()).collect();
-            &converted
-        }
-    };
-    let mut m = CloudMessage::from_records(header, (nv, p), &fields, step, false, records);
-    m.set_dense(v.num_points.iter().all(|&n| n as usize == p));
-    m
 }
 
 /// `downsampled`: one point per occupied voxel in the input's own layout. x, y, z are the
@@ -213,7 +148,7 @@ pub fn neighborhoods_message(
     n: &Neighborhoods,
 ) -> CloudMessage {
     use Datatype::{Float32, Int32};
-    let (fields, step) = packed_fields([
+    let (fields, step) = PointField::packed([
         ("x", Float32),
         ("y", Float32),
         ("z", Float32),

@@ -5,11 +5,11 @@
 
 use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
-use crate::cloud::{Cloud, CloudView, Datatype};
+use crate::cloud::{Cloud, CloudMessage, CloudView, Datatype};
 use crate::ops::backend::Backend;
 use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
-use crate::ops::voxel::DynamicVoxels;
+use crate::ops::voxel::{DynamicVoxels, FeaturesLayout};
 
 /// Output topics, relative to the output namespace.
 pub const VOXELS_TOPIC: &str = "voxels";
@@ -140,6 +140,8 @@ pub struct StageResults {
     /// The gathered cloud's channel names (x, y, z first).
     pub channel_names: Vec<String>,
     pub voxels: Option<Voxels>,
+    /// The `voxel_features` message of hard voxels (taken by the encode stage).
+    pub voxel_features: Option<CloudMessage>,
     pub downsampled: Option<DynamicVoxels>,
     /// FPS indices into the cloud of `fps.input`: the first min(K, N) samples (the -1 padding of
     /// K > N is not computed; an empty cloud gives one -1).
@@ -169,18 +171,25 @@ pub fn run<B: Backend>(
 ) -> Result<StageResults, FrameError> {
     let cloud = timed(t, "gather", || backend.gather(view))?;
     let names = backend.channel_names(&cloud).to_vec();
-    let voxels = if cfg.voxelize.enabled {
+    let (voxels, voxel_features) = if cfg.voxelize.enabled {
         let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
-        Some(timed(t, "voxelize", || -> Result<_, FrameError> {
+        let (voxels, features) = timed(t, "voxelize", || -> Result<_, FrameError> {
             Ok(match cfg.voxelize.mode {
-                VoxelMode::Hard => Voxels::Hard(backend.voxelize_hard(&cloud, &channels, &cfg.voxelize.params)?),
+                VoxelMode::Hard => {
+                    let names = super::voxel_channel_names(cfg);
+                    let layout =
+                        FeaturesLayout { header: &view.msg.header, names: &names, dtype: cfg.voxelize.features_dtype };
+                    let p = backend.voxelize_hard_published(&cloud, &channels, &cfg.voxelize.params, &layout)?;
+                    (Voxels::Hard { voxels: p.voxels, centroids: p.centroids }, Some(p.features))
+                }
                 VoxelMode::Dynamic => {
-                    Voxels::Dynamic(backend.voxelize_dynamic(&cloud, &channels, &cfg.voxelize.params.grid)?)
+                    (Voxels::Dynamic(backend.voxelize_dynamic(&cloud, &channels, &cfg.voxelize.params.grid)?), None)
                 }
             })
-        })?)
+        })?;
+        (Some(voxels), features)
     } else {
-        None
+        (None, None)
     };
     let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
     let (downsampled, downsampled_points) = if cfg.downsample.enabled {
@@ -238,6 +247,7 @@ pub fn run<B: Backend>(
         dropped_non_finite: backend.dropped_non_finite(&cloud),
         channel_names: names,
         voxels,
+        voxel_features,
         downsampled,
         samples,
         neighborhoods,

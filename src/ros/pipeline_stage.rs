@@ -538,7 +538,10 @@ impl Stage for PipelineStage {
         if self.kind == NodeKind::Nms {
             let kept = p.process_boxes(input.view)?;
             out.push((format!("~/{BOXES_TOPIC}"), kept.message().into_cdr()));
-            out.push((format!("~/{MARKERS_TOPIC}"), markers_cdr(&kept.header, &kept.boxes, &kept.labels, MARKER_NS)));
+            out.push((
+                format!("~/{MARKERS_TOPIC}"),
+                markers_cdr(&kept.header, &kept.boxes, &kept.labels, MARKER_NS).into(),
+            ));
             self.last.push(("last.boxes_in".into(), kept.nms.candidates.to_string()));
             self.last.push(("last.boxes_kept".into(), kept.nms.keep.len().to_string()));
         } else {
@@ -559,7 +562,7 @@ impl Stage for PipelineStage {
             }
             for (topic, _, cdr) in typed {
                 if topics.contains(&topic) {
-                    out.push((format!("~/{topic}"), cdr));
+                    out.push((format!("~/{topic}"), cdr.into()));
                 }
             }
         }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cloud::{CloudError, CloudView, Header};
+use crate::cloud::{CloudError, CloudView, Header, MessageBytes};
 
 /// A parameter value (the ROS types a stage needs).
 #[derive(Debug, Clone, PartialEq)]
@@ -211,8 +211,10 @@ impl Input<'_> {
 /// Checks a complete set of parameter values (a candidate change) the way the stage would.
 pub type Validator = Box<dyn Fn(&Params) -> anyhow::Result<()> + Send>;
 
-/// A CDR-encoded message for one of the stage's declared output topics (`OutputSpec::topic`).
-pub type Output = (String, Vec<u8>);
+/// A CDR-encoded message for one of the stage's declared output topics (`OutputSpec::topic`): its
+/// bytes as the pipeline wrote them (page-locked ones go back to the GPU backend's pool once
+/// published).
+pub type Output = (String, MessageBytes);
 
 /// A node's processing: (validated PointCloud2) -> messages to publish, plus stats.
 ///

@@ -7,8 +7,8 @@ use crate::ops::fps::{farthest_point_sample, FpsParams};
 use crate::ops::neighbors::{ball_query, knn, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{
-    pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, HardVoxelParams, HardVoxels,
-    PillarFeatures, VoxelGrid,
+    pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, FeaturesLayout, HardVoxelParams,
+    HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
 };
 
 /// The CPU reference backend: the operators of `ops`, on host clouds.
@@ -57,6 +57,15 @@ impl Backend for CpuBackend {
         params: &HardVoxelParams,
     ) -> Result<HardVoxels, OpError> {
         Ok(voxelize_hard(&points.cloud.with_channels(channels), params)?)
+    }
+    fn voxelize_hard_published(
+        &mut self,
+        points: &HostPoints,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        layout: &FeaturesLayout<'_>,
+    ) -> Result<PublishedHardVoxels, OpError> {
+        Ok(PublishedHardVoxels::from_host(self.voxelize_hard(points, channels, params)?, layout))
     }
     fn voxelize_dynamic(
         &mut self,

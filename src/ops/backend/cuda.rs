@@ -20,7 +20,9 @@ use crate::ops::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::cuda::{GpuVoxelizer, PerPoint};
-use crate::ops::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
+use crate::ops::voxel::{
+    DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
+};
 use crate::ops::Validate;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -165,6 +167,18 @@ impl Backend for CudaBackend {
         self.fault_point(FaultOp::Voxelize)?;
         self.voxelizer.hard_device(&self.ctx, points.gathered(), channels, params, true, None)?;
         Ok(self.voxelizer.hard_to_host(&self.ctx)?.0)
+    }
+    fn voxelize_hard_published(
+        &mut self,
+        points: &DevicePoints,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        layout: &FeaturesLayout<'_>,
+    ) -> Result<PublishedHardVoxels, OpError> {
+        params.validate()?;
+        self.fault_point(FaultOp::Voxelize)?;
+        self.voxelizer.hard_device(&self.ctx, points.gathered(), channels, params, true, None)?;
+        Ok(self.voxelizer.hard_published(&self.ctx, layout)?)
     }
     fn voxelize_dynamic(
         &mut self,

@@ -18,7 +18,9 @@ use super::detect::{DetectParams, Detections};
 use super::fps::FpsParams;
 use super::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
 use super::nms::{Box3d, NmsError, NmsOutput, NmsParams};
-use super::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
+use super::voxel::{
+    DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
+};
 use super::ParamError;
 use crate::cloud::CloudView;
 use crate::gpu::GpuError;
@@ -74,6 +76,15 @@ pub trait Backend {
         channels: &[usize],
         params: &HardVoxelParams,
     ) -> Result<HardVoxels, OpError>;
+    /// [`Self::voxelize_hard`] as the pipeline publishes it: the features written into the
+    /// `voxel_features` message of `layout`, with the voxels' centroids.
+    fn voxelize_hard_published(
+        &mut self,
+        points: &Self::Points,
+        channels: &[usize],
+        params: &HardVoxelParams,
+        layout: &FeaturesLayout<'_>,
+    ) -> Result<PublishedHardVoxels, OpError>;
     fn voxelize_dynamic(
         &mut self,
         points: &Self::Points,

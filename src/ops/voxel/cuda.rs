@@ -28,10 +28,13 @@
 //! Results stay on the device in the [`GpuVoxelizer`]'s buffers (for chaining) until the next call;
 //! the `*_host` functions copy them back into the reference's output structs.
 
-use super::{Downsampled, DynamicVoxels, HardVoxelParams, HardVoxels, PillarFeatures, VoxelGrid};
+use super::{
+    Downsampled, DynamicVoxels, FeaturesDtype, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures,
+    PublishedHardVoxels, VoxelGrid,
+};
 use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, StageTimer};
 use crate::ops::{ParamError, Validate};
-use cudarc::driver::{sys, CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result as drv, sys, CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Output channels at most (x, y, z + 13 others); `VOX_MAX_CHANNELS` in cuda/voxel.cu.
 pub const MAX_CHANNELS: usize = 16;
@@ -186,6 +189,9 @@ pub struct GpuVoxelizer {
     f_means: CudaFunction,
     f_pillar: CudaFunction,
     f_half: CudaFunction,
+    f_centroids: CudaFunction,
+    /// `[V, C]` centroids of the last hard voxels ([`Self::hard_published`]).
+    centroids: DevBuf<f32>,
     /// fp16 copies of the features ([`Self::hard_features_f16`]).
     half: DevBuf<u16>,
     /// Hash keys + 1 (0 = empty); all-zero between calls (the first point of each voxel clears its key).
@@ -239,6 +245,8 @@ impl GpuVoxelizer {
             f_means: f("vox_dyn_means")?,
             f_pillar: f("vox_pillar")?,
             f_half: f("vox_to_half")?,
+            f_centroids: f("vox_centroids")?,
+            centroids: DevBuf::new(s, pools),
             half: DevBuf::new(s, pools),
             table_keys: DevBuf::new(s, pools),
             table_first: DevBuf::new(s, pools),
@@ -570,37 +578,94 @@ impl GpuVoxelizer {
         self.counters.to_host(CTR_WORDS)
     }
 
-    /// Copies the last hard result back (waits for the stream).
-    pub fn hard_to_host(&self, _ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
-        let LastOp::Hard { max_points, num_channels, pillar_channels, max_voxels } = self.last else {
-            return Err(GpuError::NoResult { op: "hard_to_host", result: "hard voxels" });
+    /// The last hard result's voxels without their features (`features` empty), and how many.
+    fn hard_voxels_host(&self, op: &'static str) -> Result<HardVoxels, GpuError> {
+        let LastOp::Hard { max_points, num_channels, max_voxels, .. } = self.last else {
+            return Err(GpuError::NoResult { op, result: "hard voxels" });
         };
         let ctr = self.counters_host()?;
         let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
         let coords = self.coords.to_host(3 * v)?;
-        let num_points = self.num_points.to_host(v)?;
-        let raw = self.last_params.flags & FLAG_RAW != 0 || self.last_params.flags & FLAG_PILLAR == 0;
-        let features = if raw { self.features.to_host(v * max_points * num_channels)? } else { Vec::new() };
-        let hv = HardVoxels {
-            features,
+        Ok(HardVoxels {
+            features: Vec::new(),
             coords: coords.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
-            num_points,
+            num_points: self.num_points.to_host(v)?,
             num_channels,
             max_points,
             dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize,
             dropped_point_capacity: ctr[CTR_POINT_CAP] as usize,
             dropped_voxel_capacity: ctr[CTR_VOXEL_CAP] as usize,
-        };
+        })
+    }
+
+    /// Copies the last hard result back (waits for the stream).
+    pub fn hard_to_host(&self, _ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
+        let mut hv = self.hard_voxels_host("hard_to_host")?;
+        let LastOp::Hard { pillar_channels, .. } = self.last else { unreachable!("checked by hard_voxels_host") };
+        let (v, p, c) = (hv.voxel_count(), hv.max_points, hv.num_channels);
+        let raw = self.last_params.flags & FLAG_RAW != 0 || self.last_params.flags & FLAG_PILLAR == 0;
+        if raw {
+            hv.features = self.features.to_host(v * p * c)?;
+        }
         let pf = if pillar_channels > 0 {
             Some(PillarFeatures {
-                features: self.pillar.to_host(v * max_points * pillar_channels)?,
+                features: self.pillar.to_host(v * p * pillar_channels)?,
                 num_channels: pillar_channels,
-                max_points,
+                max_points: p,
             })
         } else {
             None
         };
         Ok((hv, pf))
+    }
+
+    /// The last hard result (raw features written) as the pipeline publishes it: the centroids
+    /// computed on the device, the [V, P, C] features (converted to fp16 on the device when
+    /// `layout` says so) copied once, straight into the message's page-locked bytes.
+    pub fn hard_published(
+        &mut self,
+        ctx: &GpuContext,
+        layout: &FeaturesLayout<'_>,
+    ) -> Result<PublishedHardVoxels, GpuError> {
+        if self.last_params.flags & FLAG_RAW == 0 {
+            return Err(GpuError::NoResult { op: "hard_published", result: "raw hard-voxel features" });
+        }
+        let voxels = self.hard_voxels_host("hard_published")?;
+        let (v, p, c) = (voxels.voxel_count(), voxels.max_points, voxels.num_channels);
+        let s = &ctx.stream;
+        let out = self.centroids.ensure((v * c).max(1))?;
+        let mut features = layout.message(&voxels, |len| ctx.output_pool.take(len));
+        if v > 0 {
+            let (feats, np, ctr, vp) =
+                (self.features.ptr(), self.num_points.ptr(), self.counters.ptr(), self.last_params);
+            let mut l = s.launch_builder(&self.f_centroids);
+            l.arg(&feats).arg(&np).arg(&ctr).arg(&out).arg(&vp);
+            // SAFETY: matches vox_centroids; features hold [V, P, C], out V * C floats.
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, v * c), ctx.profile.block_size.voxel)) }?;
+            let n = v * p * c;
+            let src = match layout.dtype {
+                FeaturesDtype::Float32 => feats,
+                FeaturesDtype::Float16 => {
+                    let dst = self.half.ensure(n)?;
+                    let n64 = n as u64;
+                    let mut l = s.launch_builder(&self.f_half);
+                    l.arg(&feats).arg(&dst).arg(&n64);
+                    // SAFETY: matches vox_to_half; feats holds >= n floats, dst n halves.
+                    unsafe { l.launch(cfg(Self::fill_blocks(ctx, n), ctx.profile.block_size.voxel)) }?;
+                    dst
+                }
+            };
+            let records = features.data_mut();
+            debug_assert_eq!(records.len(), n * layout.dtype.bytes());
+            // SAFETY: `src` holds the message's record bytes (n values of the message's field
+            // type, little endian like the device); `records` is not touched (nor its buffer
+            // reused) before the synchronisation below, which returns once the copy has run or
+            // the stream has failed.
+            unsafe { drv::memcpy_dtoh_async(records, src, s.cu_stream()) }?;
+            s.synchronize()?;
+        }
+        let centroids = self.centroids.to_host(v * c)?;
+        Ok(PublishedHardVoxels { voxels, centroids, features })
     }
 
     /// fp16 copies of the last hard voxels' `[V, P, C]` features (`pillar = false`) or pillar

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{ParamError, Validate};
-use crate::cloud::Cloud;
+use crate::cloud::{Cloud, CloudMessage, Datatype, Header, MessageBytes, PointField};
 
 /// Largest number of voxels allowed along one axis (2^20). Keeps every voxel coordinate exact in
 /// f32 and the linear voxel index `(z * dim_y + y) * dim_x + x` below 2^60 (fits u64 / i64).
@@ -680,6 +680,107 @@ mod tests {
         // Quotients 0.5, 248.5, 0.5: far from any border, so the floor is unambiguous.
         assert_eq!(g.coord([0.08, 0.08, -1.0]), Some([0, 248, 0]));
     }
+}
+
+/// How the published `voxel_features` carries the [V, P, C] values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FeaturesDtype {
+    /// FLOAT32 fields.
+    #[default]
+    Float32,
+    /// IEEE binary16 for fp16 networks, rounded to nearest even ([`features_f16`]), in UINT16
+    /// fields (PointCloud2 has no half-float datatype).
+    Float16,
+}
+
+impl FeaturesDtype {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            FeaturesDtype::Float32 => 4,
+            FeaturesDtype::Float16 => 2,
+        }
+    }
+}
+
+/// Hard voxels as the pipeline publishes them: `voxels.features` is empty because the [V, P, C]
+/// values went straight into `features`, the `voxel_features` message (the CUDA backend copies
+/// them from the device into the message's bytes, once).
+#[derive(Debug, Clone)]
+pub struct PublishedHardVoxels {
+    pub voxels: HardVoxels,
+    /// `[V, C]`: each voxel's mean of every channel over its kept points ([`hard_centroids`]).
+    pub centroids: Vec<f32>,
+    pub features: CloudMessage,
+}
+
+/// What the `voxel_features` message of [`PublishedHardVoxels`] is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct FeaturesLayout<'a> {
+    pub header: &'a Header,
+    /// Channel names, x, y, z first (one field each).
+    pub names: &'a [String],
+    pub dtype: FeaturesDtype,
+}
+
+impl FeaturesLayout<'_> {
+    /// `voxel_features` for `v` (features not yet written): an organized cloud, height V (one row
+    /// per voxel), width P (`max_points_per_voxel`), one field per channel, FLOAT32 or with
+    /// `Float16` the binary16 bits in UINT16 fields, little endian; the record bytes (the [V, P, C]
+    /// array itself) are left as `alloc` gives them. Slots past a voxel's `num_points` are zero,
+    /// as a PointPillars network expects them, and make the message not dense.
+    pub fn message(&self, v: &HardVoxels, alloc: impl FnOnce(usize) -> MessageBytes) -> CloudMessage {
+        let field_type = match self.dtype {
+            FeaturesDtype::Float32 => Datatype::Float32,
+            FeaturesDtype::Float16 => Datatype::Uint16,
+        };
+        let (fields, step) =
+            PointField::packed(self.names.iter().take(v.num_channels).map(|n| (n.as_str(), field_type)));
+        let mut m = CloudMessage::in_bytes(self.header, v.voxel_count(), v.max_points, &fields, step, false, alloc);
+        m.set_dense(v.num_points.iter().all(|&n| n as usize == v.max_points));
+        m
+    }
+}
+
+impl PublishedHardVoxels {
+    /// From hard voxels on the host (the CPU backend): the features move into the message.
+    pub fn from_host(mut voxels: HardVoxels, layout: &FeaturesLayout<'_>) -> Self {
+        let centroids = hard_centroids(&voxels);
+        let mut features = layout.message(&voxels, MessageBytes::zeroed);
+        let out = features.data_mut();
+        match layout.dtype {
+            FeaturesDtype::Float32 => {
+                for (o, f) in out.chunks_exact_mut(4).zip(&voxels.features) {
+                    o.copy_from_slice(&f.to_le_bytes());
+                }
+            }
+            FeaturesDtype::Float16 => {
+                for (o, f) in out.chunks_exact_mut(2).zip(features_f16(&voxels.features)) {
+                    o.copy_from_slice(&f.to_bits().to_le_bytes());
+                }
+            }
+        }
+        voxels.features = Vec::new();
+        Self { voxels, centroids, features }
+    }
+}
+
+/// `[V, C]` centroids of hard voxels: per voxel and channel, the f64 sum of its kept slots in
+/// slot order (starting from -0.0, the neutral element of Rust's float `Sum`), divided by the
+/// count in f64 and rounded to f32. The CUDA kernel `vox_centroids` computes the same bits.
+pub fn hard_centroids(v: &HardVoxels) -> Vec<f32> {
+    let (c, p) = (v.num_channels, v.max_points);
+    let mut means = vec![0.0f32; v.num_points.len() * c];
+    if c > 0 {
+        means.par_chunks_mut(c).zip(&v.num_points).enumerate().for_each(|(vi, (mean, &n))| {
+            for (ch, m) in mean.iter_mut().enumerate() {
+                let sum = (0..n as usize).fold(-0.0f64, |s, slot| s + v.features[(vi * p + slot) * c + ch] as f64);
+                *m = (sum / n.max(1) as f64) as f32;
+            }
+        });
+    }
+    means
 }
 
 /// fp16 copies of float features (round to nearest even, `half::f16::from_f32`) for fp16 networks,
