@@ -3,10 +3,12 @@
 
 use super::report::{BenchRow, CheckRow, Rng};
 use super::VerifyError;
-use crate::cloud::{Cloud, Header, PointCloud2, PointLayout};
+use crate::cloud::{Cloud, CloudMessage, Header, PointCloud2, PointLayout};
 use crate::gpu::{DeviceCloud, GpuContext, GpuError, StageTimer};
 use crate::ops::voxel::cuda::{voxel_grid_downsample, GpuVoxelizer};
-use crate::ops::voxel::{DynamicVoxels, HardVoxelParams, HardVoxels, VoxelGrid};
+use crate::ops::voxel::{
+    DynamicVoxels, FeaturesDtype, FeaturesLayout, HardVoxelParams, HardVoxels, PublishedHardVoxels, VoxelGrid,
+};
 use std::path::Path;
 
 /// The W1 "pillars" configuration (spconv PointToVoxel peer workload).
@@ -146,6 +148,28 @@ fn max_rel(a: &[f32], b: &[f32]) -> f64 {
     m
 }
 
+/// f32 bits with every NaN as one value (the device's NaNs carry no payload).
+fn nan_class_bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect()
+}
+
+/// Two `voxel_features` messages are the same bytes, fp16 NaNs counted as one value.
+fn message_same(a: &CloudMessage, b: &CloudMessage, dtype: FeaturesDtype) -> bool {
+    let (va, vb) = (a.view(), b.view());
+    let shape = |v: &crate::cloud::CloudView<'_>| (v.msg.height, v.msg.width, v.msg.is_dense, v.msg.header.clone());
+    if a.cdr().len() != b.cdr().len() || va.layout != vb.layout || shape(&va) != shape(&vb) {
+        return false;
+    }
+    let (da, db) = (&va.msg.data, &vb.msg.data);
+    match dtype {
+        FeaturesDtype::Float32 => da == db,
+        FeaturesDtype::Float16 => da.chunks_exact(2).zip(db.chunks_exact(2)).all(|(x, y)| {
+            let (x, y) = (half::f16::from_le_bytes([x[0], x[1]]), half::f16::from_le_bytes([y[0], y[1]]));
+            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+        }),
+    }
+}
+
 fn hard_same(a: &HardVoxels, b: &HardVoxels) -> bool {
     a.coords == b.coords
         && a.num_points == b.num_points
@@ -255,6 +279,37 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
                     half_pillar.len()
                 ),
             });
+            // As the pipeline publishes them: centroids and the voxel_features message bytes.
+            let names: Vec<String> = (0..exp.num_channels).map(|k| format!("c{k}")).collect();
+            for dtype in [FeaturesDtype::Float32, FeaturesDtype::Float16] {
+                let header = Header { stamp_sec: 7, stamp_nanosec: 9, frame_id: "check".into() };
+                let layout = FeaturesLayout { header: &header, names: &names, dtype };
+                let want = PublishedHardVoxels::from_host(exp.clone(), &layout);
+                let mut runs = Vec::new();
+                for _ in 0..2 {
+                    vox.hard_device(ctx, &dev, chans, params, true, None)?;
+                    runs.push(vox.hard_published(ctx, &layout)?);
+                }
+                let same = |p: &PublishedHardVoxels| {
+                    hard_same(&p.voxels, &want.voxels)
+                        && message_same(&p.features, &want.features, dtype)
+                        && nan_class_bits(&p.centroids) == nan_class_bits(&want.centroids)
+                };
+                rows.push(CheckRow {
+                    operator: format!("voxelize_hard published ({dtype:?})"),
+                    case: label.clone(),
+                    points: npts,
+                    integers_identical: same(&runs[0]),
+                    max_rel_err: 0.0,
+                    float_tolerance: 0.0,
+                    deterministic: same(&runs[1]),
+                    detail: format!(
+                        "voxel_features message {} bytes identical, {} centroid values bit-identical (NaN as one class)",
+                        want.features.cdr().len(),
+                        want.centroids.len()
+                    ),
+                });
+            }
             let ints = hard_same(&g1, &exp);
             let rel = if bits_eq(&g1.features, &exp.features) {
                 0.0
