@@ -3,7 +3,9 @@
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
 use super::{Neighborhoods, Voxels};
-use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
+use crate::cloud::{
+    read_field, write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex,
+};
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::neighbors::for_each_row_block;
 use crate::ops::nms::Box3d;
@@ -117,22 +119,45 @@ pub fn downsampled_message(
     let layout = &view.layout;
     let (step, c, nv) = (layout.point_step as usize, dv.num_channels, dv.voxel_count());
     let mut m = CloudMessage::new(header, 1, nv, &layout.fields, step as u32, layout.big_endian);
-    let (data, be) = (m.data_mut(), layout.big_endian);
-    for (k, f) in layout.channels().into_iter().enumerate().take(c) {
-        debug_assert_eq!(f.name, channel_names[k]);
-        let (dt, off) = (Datatype::from_u8(f.datatype).expect("validated"), f.offset as usize);
-        if k >= 3 && dt.wider_than_f32() {
-            let mut sums = vec![0f64; nv];
-            for (p, &vox) in dv.point_voxel.iter().enumerate() {
-                if vox >= 0 {
-                    sums[vox as usize] += view.value_at(dt, off, source.get(p));
+    let be = layout.big_endian;
+    // Each channel's datatype, offset and whether its mean comes from the records (one f64 sum
+    // per voxel, in input order: one pass over the points for all such fields).
+    let channels: Vec<(Datatype, usize, bool)> = layout
+        .channels()
+        .into_iter()
+        .enumerate()
+        .take(c)
+        .map(|(k, f)| {
+            debug_assert_eq!(f.name, channel_names[k]);
+            let dt = Datatype::from_u8(f.datatype).expect("validated");
+            (dt, f.offset as usize, k >= 3 && dt.wider_than_f32())
+        })
+        .collect();
+    let wide: Vec<(Datatype, usize)> = channels.iter().filter(|c| c.2).map(|&(dt, off, _)| (dt, off)).collect();
+    let mut sums = vec![0f64; nv * wide.len()];
+    if !wide.is_empty() {
+        for (p, &vox) in dv.point_voxel.iter().enumerate() {
+            if vox >= 0 {
+                let rec = view.record(source.get(p));
+                let sum = &mut sums[vox as usize * wide.len()..][..wide.len()];
+                for (s, &(dt, off)) in sum.iter_mut().zip(&wide) {
+                    *s += read_field(rec, dt, off, be);
                 }
             }
-            for_each_record(data, step, |v, rec| write_field(rec, dt, off, sums[v] / dv.num_points[v] as f64, be));
-        } else {
-            for_each_record(data, step, |v, rec| write_field(rec, dt, off, dv.means[v * c + k] as f64, be));
         }
     }
+    for_each_record(m.data_mut(), step, |v, rec| {
+        let mut w = 0;
+        for (k, &(dt, off, from_records)) in channels.iter().enumerate() {
+            let value = if from_records {
+                w += 1;
+                sums[v * wide.len() + w - 1] / dv.num_points[v] as f64
+            } else {
+                dv.means[v * c + k] as f64
+            };
+            write_field(rec, dt, off, value, be);
+        }
+    });
     m
 }
 

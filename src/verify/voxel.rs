@@ -280,7 +280,11 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
                 ),
             });
             // As the pipeline publishes them: centroids and the voxel_features message bytes.
-            let names: Vec<String> = (0..exp.num_channels).map(|k| format!("c{k}")).collect();
+            let names: Vec<String> = ["x", "y", "z"]
+                .into_iter()
+                .map(String::from)
+                .chain((3..exp.num_channels).map(|k| format!("c{k}")))
+                .collect();
             for dtype in [FeaturesDtype::Float32, FeaturesDtype::Float16] {
                 let header = Header { stamp_sec: 7, stamp_nanosec: 9, frame_id: "check".into() };
                 let layout = FeaturesLayout { header: &header, names: &names, dtype };
