@@ -17,7 +17,7 @@
 //!   back.
 
 use super::config::PipelineConfig;
-use super::stages::{self, StageResults};
+use super::stages::{self, Messages, StageResults};
 use super::stats::GpuFallbackStats;
 use super::{FrameError, Timings};
 use crate::cloud::CloudView;
@@ -117,7 +117,7 @@ impl Engine {
         view: &CloudView<'_>,
         t: &mut Timings,
         gpu: &mut GpuFallbackStats,
-    ) -> Result<StageResults, FrameError> {
+    ) -> Result<(StageResults, Messages), FrameError> {
         match self {
             Engine::Cpu(b) => stages::run(b, cfg, view, t),
             Engine::Cuda(e) => match e.attempt(gpu, |b| stages::run(b, cfg, view, t)) {

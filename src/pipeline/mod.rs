@@ -16,7 +16,7 @@ pub use stages::{
 };
 pub use stats::{GpuFallbackStats, LatencySamples, PipelineStats};
 
-use crate::cloud::{CloudError, CloudMessage, CloudView, Header, SourceIndex};
+use crate::cloud::{CloudError, CloudMessage, CloudView, Header};
 use crate::ops::backend::OpError;
 use crate::ops::nms::{Box3d, NmsOutput};
 use crate::ops::voxel::{DynamicVoxels, HardVoxels};
@@ -71,6 +71,19 @@ pub const DETECTION_MARKER_NS: &str = "lidar_kernels_detections";
 
 /// Per-stage wall times of one frame, in stage order.
 pub type Timings = Vec<(&'static str, Duration)>;
+
+/// The timings with the parts of a stage timed more than once (FPS is started, then waited
+/// for; encode runs before and after the wait) summed, at the stage's first place.
+fn merge_parts(timings: Timings) -> Timings {
+    let mut merged: Timings = Vec::with_capacity(timings.len());
+    for (stage, d) in timings {
+        match merged.iter_mut().find(|(s, _)| *s == stage) {
+            Some((_, total)) => *total += d,
+            None => merged.push((stage, d)),
+        }
+    }
+    merged
+}
 
 /// Runs `f`, recording its wall time under `stage` inside a tracing span.
 fn timed<T>(timings: &mut Timings, stage: &'static str, f: impl FnOnce() -> T) -> T {
@@ -156,11 +169,10 @@ impl Pipeline {
 
     fn process_timed<'a>(&mut self, view: CloudView<'a>, mut timings: Timings) -> Result<FrameOutput<'a>, FrameError> {
         self.stats.clouds_received += 1;
-        let result = self.engine.run(&self.config, &view, &mut timings, &mut self.stats.gpu).map(|mut results| {
-            let features = results.voxel_features.take();
-            let messages = timed(&mut timings, "encode", || encode(&view, &results, features, &self.config));
-            FrameOutput { view, results, messages, timings }
-        });
+        let result = self
+            .engine
+            .run(&self.config, &view, &mut timings, &mut self.stats.gpu)
+            .map(|(results, messages)| FrameOutput { view, results, messages, timings: merge_parts(timings) });
         match &result {
             Ok(out) => {
                 let r = &out.results;
@@ -255,62 +267,6 @@ impl FrameOutput<'_> {
 /// The voxel channels: x, y, z, then the configuration's `features`.
 pub(crate) fn voxel_channel_names(cfg: &PipelineConfig) -> Vec<String> {
     ["x", "y", "z"].into_iter().map(String::from).chain(cfg.features.iter().cloned()).collect()
-}
-
-/// The output messages of one frame's results (`features`: the `voxel_features` message the
-/// voxelize stage wrote). The messages are built side by side on the current rayon
-/// pool (each from its own results, so the bytes do not depend on the threads).
-fn encode(
-    view: &CloudView<'_>,
-    r: &StageResults,
-    features: Option<CloudMessage>,
-    cfg: &PipelineConfig,
-) -> Vec<(&'static str, CloudMessage)> {
-    let h = &view.msg.header;
-    let source = view.source_indices(r.dropped_non_finite);
-    let voxel_messages = || {
-        let Some(v) = &r.voxels else { return Vec::new() };
-        std::iter::once((VOXELS_TOPIC, outputs::voxels_message(h, v, &voxel_channel_names(cfg))))
-            .chain(features.map(|m| (VOXEL_FEATURES_TOPIC, m)))
-            .collect()
-    };
-    let cloud_messages = || {
-        let downsampled =
-            r.downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &r.channel_names));
-        // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
-        let downsampled_view = downsampled.as_ref().map(CloudMessage::view);
-        let identity = SourceIndex::Identity;
-        let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
-            (FpsInput::Downsampled, Some(d)) => (d, &identity),
-            _ => (view, &source),
-        };
-        let (samples, neighborhoods) = match r.valid_samples() {
-            Some(s) => rayon::join(
-                || {
-                    let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
-                    Some(crate::cloud::select_records(h, searched, &picks))
-                },
-                || r.neighborhoods.as_ref().map(|n| outputs::neighborhoods_message(h, searched, searched_source, s, n)),
-            ),
-            None => (None, None),
-        };
-        let mut out = Vec::new();
-        out.extend(downsampled.map(|m| (DOWNSAMPLED_TOPIC, m)));
-        out.extend(samples.map(|m| (SAMPLES_TOPIC, m)));
-        out.extend(neighborhoods.map(|m| (NEIGHBORHOODS_TOPIC, m)));
-        out
-    };
-    let detect_messages = || match &r.detections {
-        Some(d) => vec![
-            (DETECTIONS_TOPIC, outputs::detections_message(h, d)),
-            (CLUSTERS_TOPIC, outputs::clusters_message(h, view, &source, d)),
-        ],
-        None => Vec::new(),
-    };
-    let ((mut out, clouds), detect) = rayon::join(|| rayon::join(voxel_messages, cloud_messages), detect_messages);
-    out.extend(clouds);
-    out.extend(detect);
-    out
 }
 
 /// Lets glibc keep the per-frame output buffers (up to tens of MB each: `voxel_features` is

@@ -4,8 +4,8 @@
 //! enabled stage.
 
 use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
-use super::{timed, FrameError, Neighborhoods, Timings, Voxels};
-use crate::cloud::{Cloud, CloudMessage, CloudView, Datatype};
+use super::{outputs, timed, FrameError, Neighborhoods, Timings, Voxels};
+use crate::cloud::{Cloud, CloudMessage, CloudView, Datatype, SourceIndex};
 use crate::ops::backend::Backend;
 use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
@@ -140,8 +140,6 @@ pub struct StageResults {
     /// The gathered cloud's channel names (x, y, z first).
     pub channel_names: Vec<String>,
     pub voxels: Option<Voxels>,
-    /// The `voxel_features` message of hard voxels (taken by the encode stage).
-    pub voxel_features: Option<CloudMessage>,
     pub downsampled: Option<DynamicVoxels>,
     /// FPS indices into the cloud of `fps.input`: the first min(K, N) samples (the -1 padding of
     /// K > N is not computed; an empty cloud gives one -1).
@@ -162,23 +160,34 @@ fn without_padding(indices: &[i32]) -> &[i32] {
     &indices[..indices.iter().take_while(|&&i| i >= 0).count()]
 }
 
-/// Runs every enabled stage of `cfg` on `view` (validated once, by the caller).
+/// Every PointCloud2 output of a frame as (topic, message), in a fixed order: the topics of the
+/// stage table, in its order.
+pub type Messages = Vec<(&'static str, CloudMessage)>;
+
+/// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and encodes its
+/// outputs (the `encode` stage, timed in parts). The voxel and downsampled messages are built on
+/// the host while the device runs FPS, which is only waited for after them. The messages are
+/// built side by side on the current rayon pool, each from its own results, so the bytes do not
+/// depend on the threads.
 pub fn run<B: Backend>(
     backend: &mut B,
     cfg: &PipelineConfig,
     view: &CloudView<'_>,
     t: &mut Timings,
-) -> Result<StageResults, FrameError> {
+) -> Result<(StageResults, Messages), FrameError> {
+    let h = &view.msg.header;
     let cloud = timed(t, "gather", || backend.gather(view))?;
     let names = backend.channel_names(&cloud).to_vec();
+    let dropped_non_finite = backend.dropped_non_finite(&cloud);
+    let source = view.source_indices(dropped_non_finite);
+    let mut messages = Messages::new();
+    let voxel_names = super::voxel_channel_names(cfg);
     let (voxels, voxel_features) = if cfg.voxelize.enabled {
         let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
         let (voxels, features) = timed(t, "voxelize", || -> Result<_, FrameError> {
             Ok(match cfg.voxelize.mode {
                 VoxelMode::Hard => {
-                    let names = super::voxel_channel_names(cfg);
-                    let layout =
-                        FeaturesLayout { header: &view.msg.header, names: &names, dtype: cfg.voxelize.features_dtype };
+                    let layout = FeaturesLayout { header: h, names: &voxel_names, dtype: cfg.voxelize.features_dtype };
                     let p = backend.voxelize_hard_published(&cloud, &channels, &cfg.voxelize.params, &layout)?;
                     (Voxels::Hard { voxels: p.voxels, centroids: p.centroids }, Some(p.features))
                 }
@@ -207,50 +216,106 @@ pub fn run<B: Backend>(
         (Some(d), true) => d,
         _ => &cloud,
     };
-    let (samples, neighborhoods) = if cfg.fps.enabled {
-        // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N)
-        // gives the same samples without computing the padding, which for a K of up to 2^31 - 1
-        // was gigabytes per frame whatever the cloud's size.
+    // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N) gives
+    // the same samples without computing the padding, which for a K of up to 2^31 - 1 was
+    // gigabytes per frame whatever the cloud's size.
+    let fps_params = cfg.fps.enabled.then(|| {
         let n = backend.len(fps_cloud).max(1);
-        let params = FpsParams { num_samples: cfg.fps.params.num_samples.min(n), ..cfg.fps.params.clone() };
-        let (indices, on_backend) = timed(t, "fps", || backend.fps(fps_cloud, &params))?;
-        let queries = without_padding(&indices).len();
-        let neighborhoods = if cfg.neighbors.enabled {
-            Some(timed(t, "neighbors", || -> Result<_, FrameError> {
-                Ok(match cfg.neighbors.mode {
-                    NeighborMode::Knn => {
-                        let n = backend.knn(fps_cloud, &on_backend, queries, &cfg.neighbors.knn)?;
-                        let found = n.indices.iter().filter(|&&i| i >= 0).count();
-                        Neighborhoods { indices: n.indices, width: n.width, found }
-                    }
-                    NeighborMode::BallQuery => {
-                        let b = backend.ball_query(fps_cloud, &on_backend, queries, &cfg.neighbors.ball_query)?;
-                        let found = b.counts.iter().map(|&c| c as usize).sum();
-                        Neighborhoods { indices: b.indices, width: b.width, found }
-                    }
-                })
-            })?)
-        } else {
-            None
-        };
-        (Some(indices), neighborhoods)
-    } else {
-        (None, None)
+        FpsParams { num_samples: cfg.fps.params.num_samples.min(n), ..cfg.fps.params.clone() }
+    });
+    let pending = match &fps_params {
+        Some(params) => Some(timed(t, "fps", || backend.fps(fps_cloud, params))?),
+        None => None,
+    };
+
+    let (voxels_message, downsampled_message) = timed(t, "encode", || {
+        rayon::join(
+            || voxels.as_ref().map(|v| outputs::voxels_message(h, v, &voxel_names)),
+            || downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &names)),
+        )
+    });
+    messages.extend(voxels_message.map(|m| (VOXELS_TOPIC, m)));
+    messages.extend(voxel_features.map(|m| (VOXEL_FEATURES_TOPIC, m)));
+
+    let (samples, neighborhoods) = match &pending {
+        Some(on_backend) => {
+            let indices = timed(t, "fps", || backend.fps_indices(on_backend))?;
+            let queries = without_padding(&indices).len();
+            let neighborhoods = if cfg.neighbors.enabled {
+                Some(timed(t, "neighbors", || -> Result<_, FrameError> {
+                    Ok(match cfg.neighbors.mode {
+                        NeighborMode::Knn => {
+                            let n = backend.knn(fps_cloud, on_backend, queries, &cfg.neighbors.knn)?;
+                            let found = n.indices.iter().filter(|&&i| i >= 0).count();
+                            Neighborhoods { indices: n.indices, width: n.width, found }
+                        }
+                        NeighborMode::BallQuery => {
+                            let b = backend.ball_query(fps_cloud, on_backend, queries, &cfg.neighbors.ball_query)?;
+                            let found = b.counts.iter().map(|&c| c as usize).sum();
+                            Neighborhoods { indices: b.indices, width: b.width, found }
+                        }
+                    })
+                })?)
+            } else {
+                None
+            };
+            (Some(indices), neighborhoods)
+        }
+        None => (None, None),
     };
     let detections = if cfg.detect.enabled {
         Some(timed(t, "detect", || backend.detect(&cloud, &cfg.detect.params))?)
     } else {
         None
     };
-    Ok(StageResults {
+
+    timed(t, "encode", || {
+        // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
+        let downsampled_view = downsampled_message.as_ref().map(CloudMessage::view);
+        let identity = SourceIndex::Identity;
+        let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
+            (FpsInput::Downsampled, Some(d)) => (d, &identity),
+            _ => (view, &source),
+        };
+        let valid_samples = samples.as_deref().map(without_padding);
+        let ((samples_message, neighborhoods_message), detect_messages) = rayon::join(
+            || match valid_samples {
+                Some(s) => rayon::join(
+                    || {
+                        let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
+                        Some(crate::cloud::select_records(h, searched, &picks))
+                    },
+                    || {
+                        neighborhoods
+                            .as_ref()
+                            .map(|n| outputs::neighborhoods_message(h, searched, searched_source, s, n))
+                    },
+                ),
+                None => (None, None),
+            },
+            || {
+                detections.as_ref().map(|d| {
+                    rayon::join(|| outputs::detections_message(h, d), || outputs::clusters_message(h, view, &source, d))
+                })
+            },
+        );
+        drop(downsampled_view);
+        messages.extend(downsampled_message.map(|m| (DOWNSAMPLED_TOPIC, m)));
+        messages.extend(samples_message.map(|m| (SAMPLES_TOPIC, m)));
+        messages.extend(neighborhoods_message.map(|m| (NEIGHBORHOODS_TOPIC, m)));
+        if let Some((d, c)) = detect_messages {
+            messages.extend([(DETECTIONS_TOPIC, d), (CLUSTERS_TOPIC, c)]);
+        }
+    });
+    let results = StageResults {
         points: backend.len(&cloud),
-        dropped_non_finite: backend.dropped_non_finite(&cloud),
+        dropped_non_finite,
         channel_names: names,
         voxels,
-        voxel_features,
         downsampled,
         samples,
         neighborhoods,
         detections,
-    })
+    };
+    Ok((results, messages))
 }

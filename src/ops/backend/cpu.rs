@@ -101,9 +101,11 @@ impl Backend for CpuBackend {
         Ok((voxels, features))
     }
 
-    fn fps(&mut self, points: &HostPoints, params: &FpsParams) -> Result<(Vec<i32>, Vec<i32>), OpError> {
-        let out = farthest_point_sample(&points.cloud, params)?;
-        Ok((out.indices.clone(), out.indices))
+    fn fps(&mut self, points: &HostPoints, params: &FpsParams) -> Result<Vec<i32>, OpError> {
+        Ok(farthest_point_sample(&points.cloud, params)?.indices)
+    }
+    fn fps_indices(&mut self, samples: &Vec<i32>) -> Result<Vec<i32>, OpError> {
+        Ok(samples.clone())
     }
     fn knn(
         &mut self,

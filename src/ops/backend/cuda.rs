@@ -229,12 +229,15 @@ impl Backend for CudaBackend {
         Ok((voxels, features.expect("pillar features were requested")))
     }
 
-    fn fps(&mut self, points: &DevicePoints, params: &FpsParams) -> Result<(Vec<i32>, ()), OpError> {
+    fn fps(&mut self, points: &DevicePoints, params: &FpsParams) -> Result<(), OpError> {
         let n = self.len(points);
         params.check_cloud(n)?;
         self.fault_point(FaultOp::Fps)?;
         fps_enqueue(&self.ctx, &mut self.fps, points.xyz()?, &[0, n], params)?;
-        Ok((self.fps.download(&self.ctx)?, ()))
+        Ok(())
+    }
+    fn fps_indices(&mut self, _: &()) -> Result<Vec<i32>, OpError> {
+        Ok(self.fps.download(&self.ctx)?)
     }
     fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Neighbors, OpError> {
         params.validate()?;

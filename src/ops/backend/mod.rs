@@ -110,8 +110,12 @@ pub trait Backend {
         with_range: bool,
     ) -> Result<(HardVoxels, PillarFeatures), OpError>;
 
-    /// FPS over `points`: the indices on the host (published) and on the backend (for the queries).
-    fn fps(&mut self, points: &Self::Points, params: &FpsParams) -> Result<(Vec<i32>, Self::Samples), OpError>;
+    /// FPS over `points`, the indices kept on the backend (for the queries). On CUDA the kernels
+    /// are only enqueued: the host goes on (the pipeline encodes the voxel outputs meanwhile)
+    /// until [`Self::fps_indices`].
+    fn fps(&mut self, points: &Self::Points, params: &FpsParams) -> Result<Self::Samples, OpError>;
+    /// The indices of `samples` on the host (published); waits for the device.
+    fn fps_indices(&mut self, samples: &Self::Samples) -> Result<Vec<i32>, OpError>;
     /// KNN of the first `queries` sampled points (the non-padding ones) into `points`.
     fn knn(
         &mut self,
