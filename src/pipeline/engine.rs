@@ -171,7 +171,9 @@ impl CudaEngine {
             return None;
         };
         backend.armed_fault = self.fault.filter(|f| f.frame == frame);
+        let heap_before = backend.ctx.output_pool.heap_fallbacks();
         let result = on_gpu(backend);
+        gpu.output_heap_messages += backend.ctx.output_pool.heap_fallbacks() - heap_before;
         backend.armed_fault = None;
         let error = match result {
             Err(FrameError::Op(OpError::Device(e))) => e,

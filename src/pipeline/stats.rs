@@ -64,6 +64,9 @@ pub struct GpuFallbackStats {
     pub rebuild_failures: u64,
     /// A sticky fault made CUDA unusable for the rest of the process: every frame runs on the CPU.
     pub lost: bool,
+    /// Output messages whose bytes were put on the heap because the page-locked output pool was
+    /// full (`gpu::output_pool`): their copies back run slower.
+    pub output_heap_messages: u64,
 }
 
 impl PipelineStats {
@@ -86,6 +89,7 @@ impl PipelineStats {
             ("gpu_context_rebuilds".to_string(), self.gpu.rebuilds.to_string()),
             ("gpu_context_rebuild_failures".to_string(), self.gpu.rebuild_failures.to_string()),
             ("gpu_lost".to_string(), self.gpu.lost.to_string()),
+            ("gpu_output_heap_messages".to_string(), self.gpu.output_heap_messages.to_string()),
         ];
         for (stage, s) in &self.stages {
             for (label, q) in [("p50", 0.5), ("p99", 0.99)] {
@@ -120,6 +124,13 @@ impl fmt::Display for PipelineStats {
         )?;
         if self.gpu.faults > 0 {
             write!(f, "\n{}", self.gpu)?;
+        }
+        if self.gpu.output_heap_messages > 0 {
+            write!(
+                f,
+                "\n{} output messages on the heap: the page-locked output pool was full",
+                self.gpu.output_heap_messages
+            )?;
         }
         Ok(())
     }
