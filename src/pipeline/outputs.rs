@@ -10,6 +10,7 @@ use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::neighbors::for_each_row_block;
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::DynamicVoxels;
+use rayon::prelude::*;
 use std::borrow::Cow;
 
 /// Records written per task by [`for_each_record`].
@@ -134,24 +135,33 @@ pub fn downsampled_message(
         })
         .collect();
     let wide: Vec<(Datatype, usize)> = channels.iter().filter(|c| c.2).map(|&(dt, off, _)| (dt, off)).collect();
-    let mut sums = vec![0f64; nv * wide.len()];
-    if !wide.is_empty() {
-        for (p, &vox) in dv.point_voxel.iter().enumerate() {
-            if vox >= 0 {
-                let rec = view.record(source.get(p));
-                let sum = &mut sums[vox as usize * wide.len()..][..wide.len()];
-                for (s, &(dt, off)) in sum.iter_mut().zip(&wide) {
-                    *s += read_field(rec, dt, off, be);
+    let nw = wide.len();
+    let mut sums = vec![0f64; nv * nw];
+    if nw > 0 && nv > 0 {
+        // Each task owns a range of voxels and walks every point in input order, summing only the
+        // points of its voxels: per voxel the order of the sum is the input order, whatever the
+        // threads.
+        let per_task = nv.div_ceil(rayon::current_num_threads().max(1)).max(1024);
+        sums.par_chunks_mut(per_task * nw).enumerate().for_each(|(task, sums)| {
+            let first = task * per_task;
+            let voxels = first..first + sums.len() / nw;
+            for (p, &vox) in dv.point_voxel.iter().enumerate() {
+                if vox >= 0 && voxels.contains(&(vox as usize)) {
+                    let rec = view.record(source.get(p));
+                    let sum = &mut sums[(vox as usize - first) * nw..][..nw];
+                    for (s, &(dt, off)) in sum.iter_mut().zip(&wide) {
+                        *s += read_field(rec, dt, off, be);
+                    }
                 }
             }
-        }
+        });
     }
     for_each_record(m.data_mut(), step, |v, rec| {
         let mut w = 0;
         for (k, &(dt, off, from_records)) in channels.iter().enumerate() {
             let value = if from_records {
                 w += 1;
-                sums[v * wide.len() + w - 1] / dv.num_points[v] as f64
+                sums[v * nw + w - 1] / dv.num_points[v] as f64
             } else {
                 dv.means[v * c + k] as f64
             };
