@@ -8,10 +8,10 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use lidar_kernels::cloud::Cloud;
+use lidar_kernels::cloud::{Cloud, Datatype, Header};
 use lidar_kernels::ops::voxel::{
-    pillar_features, voxel_grid_downsample, voxelize_dynamic, voxelize_hard, DynamicVoxels, HardVoxelParams,
-    HardVoxels, PillarFeatures, VoxelGrid,
+    hard_centroids, pillar_features, voxel_grid_downsample, voxelize_dynamic, voxelize_hard, DynamicVoxels,
+    FeaturesDtype, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
 };
 use lidar_kernels::ops::{ParamError, Validate};
 use proptest::prelude::*;
@@ -88,6 +88,25 @@ fn o_hard(cloud: &Cloud, params: &HardVoxelParams) -> HardVoxels {
             for k in 0..c {
                 out.features.push(if s < kept { cloud.columns()[k][gr.points[s]] } else { 0.0 });
             }
+        }
+    }
+    out
+}
+
+/// `[V, C]` centroids of the kept points of each hard voxel: f64 sum in input order from -0.0,
+/// divided by the count in f64, rounded to f32 (the doc of `hard_centroids`).
+fn o_centroids(cloud: &Cloud, params: &HardVoxelParams) -> Vec<f32> {
+    let (groups, _) = o_groups(cloud, &params.grid);
+    let p = params.max_points_per_voxel as usize;
+    let mut out = Vec::new();
+    for gr in groups.iter().take(params.max_voxels as usize) {
+        let kept = &gr.points[..gr.points.len().min(p)];
+        for col in cloud.columns() {
+            let mut sum = -0.0f64;
+            for &i in kept {
+                sum += col[i] as f64;
+            }
+            out.push((sum / kept.len() as f64) as f32);
         }
     }
     out
@@ -208,12 +227,49 @@ fn assert_cloud_bits_eq(got: &Cloud, exp_names: &[String], exp_cols: &[Vec<f32>]
     }
 }
 
+/// The hard voxels as the pipeline publishes them: the `voxel_features` message holds the oracle's
+/// features as little-endian FLOAT32 fields (or binary16 bits in UINT16 fields), V rows of P.
+fn check_published(hard: &HardVoxels, exp: &HardVoxels, exp_centroids: &[f32], ctx: &str) {
+    let names: Vec<String> =
+        ["x", "y", "z"].into_iter().map(String::from).chain((3..exp.num_channels).map(|k| format!("f{k}"))).collect();
+    let header = Header { stamp_sec: 3, stamp_nanosec: 4, frame_id: "voxel_test".into() };
+    for dtype in [FeaturesDtype::Float32, FeaturesDtype::Float16] {
+        let layout = FeaturesLayout { header: &header, names: &names, dtype };
+        let p = PublishedHardVoxels::from_host(hard.clone(), &layout);
+        assert!(p.voxels.features.is_empty(), "{ctx}: features moved into the message");
+        assert_eq!((&p.voxels.coords, &p.voxels.num_points), (&exp.coords, &exp.num_points), "{ctx}");
+        assert!(bits(&p.centroids) == bits(exp_centroids), "{ctx}: published centroids");
+        let view = p.features.view();
+        assert_eq!((view.msg.height as usize, view.msg.width as usize), (exp.voxel_count(), exp.max_points), "{ctx}");
+        assert_eq!(view.msg.header, header);
+        let (size, datatype) = match dtype {
+            FeaturesDtype::Float32 => (4, Datatype::Float32),
+            FeaturesDtype::Float16 => (2, Datatype::Uint16),
+        };
+        for (k, f) in view.layout.fields.iter().enumerate() {
+            assert_eq!((f.name.as_str(), f.offset as usize, f.datatype), (names[k].as_str(), k * size, datatype as u8));
+        }
+        let want: Vec<u8> = match dtype {
+            FeaturesDtype::Float32 => exp.features.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            FeaturesDtype::Float16 => {
+                exp.features.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect()
+            }
+        };
+        assert!(view.msg.data[..] == want[..], "{ctx}: {dtype:?} records");
+        let dense = exp.num_points.iter().all(|&n| n as usize == exp.max_points);
+        assert_eq!(view.msg.is_dense, dense, "{ctx}: is_dense");
+    }
+}
+
 /// Runs all four operators and checks each against the oracle.
 fn check_all_against_oracle(cloud: &Cloud, params: &HardVoxelParams, ctx: &str) {
     let g = &params.grid;
     let hard = voxelize_hard(cloud, params).expect("valid params");
     let exp_hard = o_hard(cloud, params);
     assert_hard_eq(&hard, &exp_hard, &format!("{ctx} hard"));
+    let exp_centroids = o_centroids(cloud, params);
+    assert!(bits(&hard_centroids(&hard)) == bits(&exp_centroids), "{ctx} centroids differ");
+    check_published(&hard, &exp_hard, &exp_centroids, ctx);
 
     let dynamic = voxelize_dynamic(cloud, g);
     assert_dynamic_eq(&dynamic, &o_dynamic(cloud, g), &format!("{ctx} dynamic"));
