@@ -160,13 +160,29 @@ fn without_padding(indices: &[i32]) -> &[i32] {
     &indices[..indices.iter().take_while(|&&i| i >= 0).count()]
 }
 
+/// Starts FPS over `points` (see [`Backend::fps`]).
+fn start_fps<B: Backend>(
+    backend: &mut B,
+    points: &B::Points,
+    cfg: &PipelineConfig,
+    t: &mut Timings,
+) -> Result<B::Samples, FrameError> {
+    // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N) gives
+    // the same samples without computing the padding, which for a K of up to 2^31 - 1 was
+    // gigabytes per frame whatever the cloud's size.
+    let n = backend.len(points).max(1);
+    let params = FpsParams { num_samples: cfg.fps.params.num_samples.min(n), ..cfg.fps.params.clone() };
+    Ok(timed(t, "fps", || backend.fps(points, &params))?)
+}
+
 /// Every PointCloud2 output of a frame as (topic, message), in a fixed order: the topics of the
 /// stage table, in its order.
 pub type Messages = Vec<(&'static str, CloudMessage)>;
 
 /// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and encodes its
-/// outputs (the `encode` stage, timed in parts). The voxel and downsampled messages are built on
-/// the host while the device runs FPS, which is only waited for after them. The messages are
+/// outputs (the `encode` stage, timed in parts). FPS is started first; the voxel stages and the
+/// voxel and downsampled messages are done while the device samples, which is only waited for
+/// after them. The messages are
 /// built side by side on the current rayon pool, each from its own results, so the bytes do not
 /// depend on the threads.
 pub fn run<B: Backend>(
@@ -182,6 +198,11 @@ pub fn run<B: Backend>(
     let source = view.source_indices(dropped_non_finite);
     let mut messages = Messages::new();
     let voxel_names = super::voxel_channel_names(cfg);
+    // FPS starts as soon as its input exists: on the CUDA backend it runs on the device while
+    // the voxel stages (on a stream of their own) and the host's encoding go on.
+    let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
+    let mut pending =
+        if cfg.fps.enabled && !fps_on_downsampled { Some(start_fps(backend, &cloud, cfg, t)?) } else { None };
     let (voxels, voxel_features) = if cfg.voxelize.enabled {
         let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
         let (voxels, features) = timed(t, "voxelize", || -> Result<_, FrameError> {
@@ -200,7 +221,6 @@ pub fn run<B: Backend>(
     } else {
         (None, None)
     };
-    let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
     let (downsampled, downsampled_points) = if cfg.downsample.enabled {
         // The means of fields float32 cannot hold are taken from the records, per point.
         let per_point = view.layout.channels()[3..]
@@ -216,17 +236,9 @@ pub fn run<B: Backend>(
         (Some(d), true) => d,
         _ => &cloud,
     };
-    // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N) gives
-    // the same samples without computing the padding, which for a K of up to 2^31 - 1 was
-    // gigabytes per frame whatever the cloud's size.
-    let fps_params = cfg.fps.enabled.then(|| {
-        let n = backend.len(fps_cloud).max(1);
-        FpsParams { num_samples: cfg.fps.params.num_samples.min(n), ..cfg.fps.params.clone() }
-    });
-    let pending = match &fps_params {
-        Some(params) => Some(timed(t, "fps", || backend.fps(fps_cloud, params))?),
-        None => None,
-    };
+    if fps_on_downsampled {
+        pending = Some(start_fps(backend, fps_cloud, cfg, t)?);
+    }
 
     let (voxels_message, downsampled_message) = timed(t, "encode", || {
         rayon::join(

@@ -72,9 +72,12 @@ impl CudaBackend {
     }
 
     pub fn new(ctx: GpuContext) -> Result<Self, GpuError> {
+        // Voxelization and the downsample run on a stream of their own: the stage sequence starts
+        // FPS (the longest kernel, on a few SMs) first, and they run beside it.
+        let side = ctx.ctx.new_stream()?;
         Ok(Self {
-            voxelizer: GpuVoxelizer::new(&ctx)?,
-            downsampler: GpuVoxelizer::new(&ctx)?,
+            voxelizer: GpuVoxelizer::on_stream(&ctx, side.clone())?,
+            downsampler: GpuVoxelizer::on_stream(&ctx, side)?,
             fps: FpsScratch::new(&ctx)?,
             neighbors: NeighborsScratch::new(&ctx)?,
             nms: DeviceNms::new(&ctx)?,

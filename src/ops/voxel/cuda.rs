@@ -34,7 +34,10 @@ use super::{
 };
 use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, StageTimer};
 use crate::ops::{ParamError, Validate};
-use cudarc::driver::{result as drv, sys, CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result as drv, sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
 
 /// Output channels at most (x, y, z + 13 others); `VOX_MAX_CHANNELS` in cuda/voxel.cu.
 pub const MAX_CHANNELS: usize = 16;
@@ -182,6 +185,7 @@ pub enum LastOp {
 
 /// The voxel kernels with their grow-only device scratch and output buffers (one per stream user).
 pub struct GpuVoxelizer {
+    stream: Arc<CudaStream>,
     f_insert: CudaFunction,
     f_rank: CudaFunction,
     f_sort: CudaFunction,
@@ -231,13 +235,22 @@ fn cfg(blocks: usize, block: u32) -> LaunchConfig {
 }
 
 impl GpuVoxelizer {
+    /// A voxelizer on the context's stream.
     pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
-        let s = &ctx.stream;
+        Self::on_stream(ctx, ctx.stream.clone())
+    }
+
+    /// A voxelizer whose kernels and copies run on `stream` (the CUDA backend's side stream, so
+    /// that they overlap FPS on the main one); it reads its input cloud after the cloud's writes
+    /// on any stream (cudarc orders them by the cloud's events).
+    pub fn on_stream(ctx: &GpuContext, stream: Arc<CudaStream>) -> Result<Self, GpuError> {
+        let s = &stream;
         let pools = ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0;
         let f = |n: &str| ctx.function("voxel", n);
         let mut counters: DevBuf<u32> = DevBuf::new(s, pools);
         counters.ensure(CTR_TOTAL)?;
         Ok(Self {
+            stream: stream.clone(),
             f_insert: f("vox_insert")?,
             f_rank: f("vox_rank_keys")?,
             f_sort: f("vox_sort_pass")?,
@@ -332,7 +345,7 @@ impl GpuVoxelizer {
     ) -> Result<VoxParams, GpuError> {
         grid.validate()?;
         Self::check_channels(cloud, channels)?;
-        let s = &ctx.stream;
+        let s = &self.stream.clone();
         let n = cloud.len;
         let block = ctx.profile.block_size.voxel;
         let tile = block as usize * ctx.profile.items_per_thread.voxel as usize;
@@ -465,7 +478,7 @@ impl GpuVoxelizer {
             // The CPU reference's error for voxels without an intensity channel (channels[0]).
             return Err(ParamError::new("voxels.num_channels", 3, ">= 4 (x, y, z, intensity)").into());
         }
-        let s = &ctx.stream;
+        let s = &self.stream.clone();
         let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
         let mut p = self.enqueue_core(
             ctx,
@@ -537,7 +550,7 @@ impl GpuVoxelizer {
         }
         let (feats, np, coords, ctr) =
             (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr());
-        let mut l = ctx.stream.launch_builder(&self.f_pillar);
+        let mut l = self.stream.launch_builder(&self.f_pillar);
         l.arg(&feats).arg(&np).arg(&coords).arg(&ctr).arg(&pil).arg(&p);
         // SAFETY: matches vox_pillar; buffers sized by hard_device for key_max voxels.
         unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * max_points), ctx.profile.block_size.voxel)) }?;
@@ -552,7 +565,7 @@ impl GpuVoxelizer {
         channels: &[usize],
         grid: &VoxelGrid,
     ) -> Result<(), GpuError> {
-        let s = &ctx.stream;
+        let s = &self.stream.clone();
         let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
         let p = self.enqueue_core(ctx, cloud, cloud_ptr, channels, grid, None, 1, true, None)?;
         self.last = LastOp::Dynamic { points: cloud.len, num_channels: p.num_ch as usize };
@@ -632,7 +645,7 @@ impl GpuVoxelizer {
         }
         let voxels = self.hard_voxels_host("hard_published")?;
         let (v, p, c) = (voxels.voxel_count(), voxels.max_points, voxels.num_channels);
-        let s = &ctx.stream;
+        let s = &self.stream.clone();
         let out = self.centroids.ensure((v * c).max(1))?;
         let mut features = layout.message(&voxels, |len| ctx.output_pool.take(len));
         if v > 0 {
@@ -693,7 +706,7 @@ impl GpuVoxelizer {
         }
         let dst = self.half.ensure(n)?;
         let n64 = n as u64;
-        let mut l = ctx.stream.launch_builder(&self.f_half);
+        let mut l = self.stream.launch_builder(&self.f_half);
         l.arg(&src).arg(&dst).arg(&n64);
         // SAFETY: matches vox_to_half; src holds >= n floats (sized for key_max >= v voxels), dst n.
         unsafe { l.launch(cfg(Self::fill_blocks(ctx, n), ctx.profile.block_size.voxel)) }?;
