@@ -4,6 +4,7 @@
 pub mod cdr;
 mod layout;
 
+use rayon::prelude::*;
 use std::borrow::Cow;
 
 pub use cdr::{CdrReader, CdrWriter};
@@ -335,6 +336,9 @@ impl SourceIndex {
     }
 }
 
+/// Record bytes copied per task by [`CloudMessage::from_records`].
+const COPY_CHUNK: usize = 256 << 10;
+
 /// Bytes an allocator lends for one message and takes back when they drop (on any thread): the
 /// CUDA backend's page-locked buffers, which its copies write into without a staging copy.
 pub trait LentBytes: Send + Sync {
@@ -428,6 +432,52 @@ impl CloudMessage {
         big_endian: bool,
         alloc: impl FnOnce(usize) -> MessageBytes,
     ) -> Self {
+        let prefix = Self::prefix(header, height, width, fields, point_step, big_endian);
+        let data = prefix.len()..prefix.len() + height * width * point_step as usize;
+        let mut cdr = alloc(data.end + 1);
+        assert_eq!(cdr.len(), data.end + 1, "message bytes");
+        cdr[..prefix.len()].copy_from_slice(&prefix);
+        cdr[data.end] = 1; // is_dense
+        Self { cdr, data, points: height * width }
+    }
+
+    /// A message whose records are `records` (`height * width * point_step` bytes), copied once.
+    pub fn from_records(
+        header: &Header,
+        (height, width): (usize, usize),
+        fields: &[PointField],
+        point_step: u32,
+        big_endian: bool,
+        records: &[u8],
+    ) -> Self {
+        assert_eq!(records.len(), height * width * point_step as usize, "record bytes");
+        let prefix = Self::prefix(header, height, width, fields, point_step, big_endian);
+        let data = prefix.len()..prefix.len() + records.len();
+        let mut cdr = Vec::with_capacity(data.end + 1);
+        cdr.extend_from_slice(&prefix);
+        // In parallel (the records are up to tens of MB: `voxel_features`), into the spare
+        // capacity, so the bytes are written once.
+        let spare = &mut cdr.spare_capacity_mut()[..records.len()];
+        spare.par_chunks_mut(COPY_CHUNK).zip(records.par_chunks(COPY_CHUNK)).for_each(|(dst, src)| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                d.write(*s);
+            }
+        });
+        // SAFETY: the prefix and every record byte have been written.
+        unsafe { cdr.set_len(data.end) };
+        cdr.push(1); // is_dense
+        Self { cdr: MessageBytes::Heap(cdr), data, points: height * width }
+    }
+
+    /// The CDR bytes before the records: header, sizes, fields, and the records' length.
+    fn prefix(
+        header: &Header,
+        height: usize,
+        width: usize,
+        fields: &[PointField],
+        point_step: u32,
+        big_endian: bool,
+    ) -> Vec<u8> {
         let mut w = CdrWriter::new();
         header.write(&mut w);
         w.u32(height as u32);
@@ -442,15 +492,8 @@ impl CloudMessage {
         w.bool(big_endian);
         w.u32(point_step);
         w.u32(point_step * width as u32);
-        let records = height * width * point_step as usize;
-        w.u32(records as u32);
-        let prefix = w.finish();
-        let data = prefix.len()..prefix.len() + records;
-        let mut cdr = alloc(data.end + 1);
-        assert_eq!(cdr.len(), data.end + 1, "message bytes");
-        cdr[..prefix.len()].copy_from_slice(&prefix);
-        cdr[data.end] = 1; // is_dense
-        Self { cdr, data, points: height * width }
+        w.u32((height * width * point_step as usize) as u32);
+        w.finish()
     }
 
     /// The point records (row-major), to be filled.

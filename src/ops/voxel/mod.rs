@@ -725,18 +725,23 @@ pub struct FeaturesLayout<'a> {
 }
 
 impl FeaturesLayout<'_> {
-    /// `voxel_features` for `v` (features not yet written): an organized cloud, height V (one row
-    /// per voxel), width P (`max_points_per_voxel`), one field per channel, FLOAT32 or with
-    /// `Float16` the binary16 bits in UINT16 fields, little endian; the record bytes (the [V, P, C]
-    /// array itself) are left as `alloc` gives them. Slots past a voxel's `num_points` are zero,
-    /// as a PointPillars network expects them, and make the message not dense.
-    pub fn message(&self, v: &HardVoxels, alloc: impl FnOnce(usize) -> MessageBytes) -> CloudMessage {
+    /// The fields: one per channel, FLOAT32, or with `Float16` the binary16 bits in UINT16 fields,
+    /// packed; and the point step.
+    fn fields(&self, num_channels: usize) -> (Vec<PointField>, u32) {
         let field_type = match self.dtype {
             FeaturesDtype::Float32 => Datatype::Float32,
             FeaturesDtype::Float16 => Datatype::Uint16,
         };
-        let (fields, step) =
-            PointField::packed(self.names.iter().take(v.num_channels).map(|n| (n.as_str(), field_type)));
+        PointField::packed(self.names.iter().take(num_channels).map(|n| (n.as_str(), field_type)))
+    }
+
+    /// `voxel_features` for `v` (features not yet written): an organized cloud, height V (one row
+    /// per voxel), width P (`max_points_per_voxel`), one field per channel, little endian; the
+    /// record bytes (the [V, P, C] array itself) are left as `alloc` gives them. Slots past a
+    /// voxel's `num_points` are zero, as a PointPillars network expects them, and make the
+    /// message not dense.
+    pub fn message(&self, v: &HardVoxels, alloc: impl FnOnce(usize) -> MessageBytes) -> CloudMessage {
+        let (fields, step) = self.fields(v.num_channels);
         let mut m = CloudMessage::in_bytes(self.header, v.voxel_count(), v.max_points, &fields, step, false, alloc);
         m.set_dense(v.num_points.iter().all(|&n| n as usize == v.max_points));
         m
@@ -744,23 +749,26 @@ impl FeaturesLayout<'_> {
 }
 
 impl PublishedHardVoxels {
-    /// From hard voxels on the host (the CPU backend): the features move into the message.
+    /// From hard voxels on the host (the CPU backend): the features, in the layout's datatype,
+    /// become the message's records (one copy).
     pub fn from_host(mut voxels: HardVoxels, layout: &FeaturesLayout<'_>) -> Self {
         let centroids = hard_centroids(&voxels);
-        let mut features = layout.message(&voxels, MessageBytes::zeroed);
-        let out = features.data_mut();
-        match layout.dtype {
+        let converted: Vec<u8>;
+        let records: &[u8] = match layout.dtype {
+            FeaturesDtype::Float32 if cfg!(target_endian = "little") => bytemuck::cast_slice(&voxels.features),
             FeaturesDtype::Float32 => {
-                for (o, f) in out.chunks_exact_mut(4).zip(&voxels.features) {
-                    o.copy_from_slice(&f.to_le_bytes());
-                }
+                converted = voxels.features.iter().flat_map(|f| f.to_le_bytes()).collect();
+                &converted
             }
             FeaturesDtype::Float16 => {
-                for (o, f) in out.chunks_exact_mut(2).zip(features_f16(&voxels.features)) {
-                    o.copy_from_slice(&f.to_bits().to_le_bytes());
-                }
+                converted = features_f16(&voxels.features).iter().flat_map(|h| h.to_bits().to_le_bytes()).collect();
+                &converted
             }
-        }
+        };
+        let (fields, step) = layout.fields(voxels.num_channels);
+        let dims = (voxels.voxel_count(), voxels.max_points);
+        let mut features = CloudMessage::from_records(layout.header, dims, &fields, step, false, records);
+        features.set_dense(voxels.num_points.iter().all(|&n| n as usize == voxels.max_points));
         voxels.features = Vec::new();
         Self { voxels, centroids, features }
     }
