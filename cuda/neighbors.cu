@@ -677,3 +677,30 @@ __device__ __forceinline__ void ball_kernel_body(const float* __restrict__ qxyz,
 
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_global(BALL_ARGS) { ball_kernel_body<GlobalList>(BALL_PASS); }
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_warp(BALL_ARGS) { ball_kernel_body<WarpList>(BALL_PASS); }
+
+// The `neighborhoods` message's records on the device, so the host copies them once into the
+// published message instead of writing 24 bytes per slot itself. One thread per slot: x, y, z of
+// the neighbour (the float32 point the search read; NaN, 0x7fc00000 like Rust's f32::NAN, in KNN
+// padding), its index, the row (query) and the query's index in the searched cloud. Layout:
+// `ops::neighbors::neighborhoods_message_in`.
+extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
+nbr_records(const float* __restrict__ cols, unsigned long long stride, const int* __restrict__ idx,
+            const int* __restrict__ samples, unsigned int width, unsigned long long slots,
+            unsigned int* __restrict__ out) {
+    for (unsigned long long t = (unsigned long long)blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x; t < slots;
+         t += (unsigned long long)gridDim.x * NEIGHBORS_BLOCK) {
+        const int i = idx[t];
+        const unsigned long long q = t / width;
+        unsigned int* rec = out + 6ull * t;
+        if (i < 0) {
+            rec[0] = rec[1] = rec[2] = 0x7fc00000u;
+        } else {
+            rec[0] = __float_as_uint(cols[i]);
+            rec[1] = __float_as_uint(cols[stride + i]);
+            rec[2] = __float_as_uint(cols[2ull * stride + i]);
+        }
+        rec[3] = (unsigned int)i;
+        rec[4] = (unsigned int)q;
+        rec[5] = (unsigned int)samples[q];
+    }
+}

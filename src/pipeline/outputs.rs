@@ -2,7 +2,7 @@
 //! Integer values (indices, counts, coordinates) are written as INT32/UINT32 from the integers
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
-use super::{Neighborhoods, Voxels};
+use super::Voxels;
 use crate::cloud::{
     read_field, write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex,
 };
@@ -169,40 +169,6 @@ pub fn downsampled_message(
         }
     });
     m
-}
-
-/// `neighborhoods`: an organized cloud, the grouping a PointNet++ layer consumes. Row q holds the
-/// neighbours of sample q (`samples` point q): x, y, z, `index` (INT32, the neighbour's index in
-/// the searched cloud, -1 in KNN padding slots, whose coordinates are NaN), `query` (INT32, q) and
-/// `query_index` (INT32, the sample's own index in the searched cloud).
-pub fn neighborhoods_message(
-    header: &Header,
-    searched: &CloudView<'_>,
-    source: &SourceIndex,
-    samples: &[i32],
-    n: &Neighborhoods,
-) -> CloudMessage {
-    use Datatype::{Float32, Int32};
-    let (fields, step) = PointField::packed([
-        ("x", Float32),
-        ("y", Float32),
-        ("z", Float32),
-        ("index", Int32),
-        ("query", Int32),
-        ("query_index", Int32),
-    ]);
-    let rows = if n.width == 0 { 0 } else { n.indices.len() / n.width };
-    let mut msg = CloudMessage::new(header, rows, n.width, &fields, step, false);
-    for_each_record(msg.data_mut(), step as usize, |slot, rec| {
-        let (i, q) = (n.indices[slot], slot / n.width);
-        let p = if i < 0 { [f32::NAN; 3] } else { searched.xyz(source.get(i as usize)) };
-        let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];
-        for (dst, w) in rec.chunks_exact_mut(4).zip(words) {
-            dst.copy_from_slice(&w.to_le_bytes());
-        }
-    });
-    msg.set_dense(!n.indices.iter().any(|&i| i < 0));
-    msg
 }
 
 /// Box records (x y z length width height yaw score label).

@@ -281,7 +281,12 @@ pub fn run<B: Backend>(
         None
     };
 
-    timed(t, "encode", || {
+    timed(t, "encode", || -> Result<(), FrameError> {
+        let valid_samples = samples.as_deref().map(without_padding);
+        let neighborhoods_message = match (valid_samples, &neighborhoods) {
+            (Some(s), Some(n)) => Some(backend.neighborhoods_message(fps_cloud, s, &n.indices, n.width, h)?),
+            _ => None,
+        };
         // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
         let downsampled_view = downsampled_message.as_ref().map(CloudMessage::view);
         let identity = SourceIndex::Identity;
@@ -289,21 +294,12 @@ pub fn run<B: Backend>(
             (FpsInput::Downsampled, Some(d)) => (d, &identity),
             _ => (view, &source),
         };
-        let valid_samples = samples.as_deref().map(without_padding);
-        let ((samples_message, neighborhoods_message), detect_messages) = rayon::join(
-            || match valid_samples {
-                Some(s) => rayon::join(
-                    || {
-                        let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
-                        Some(crate::cloud::select_records(h, searched, &picks))
-                    },
-                    || {
-                        neighborhoods
-                            .as_ref()
-                            .map(|n| outputs::neighborhoods_message(h, searched, searched_source, s, n))
-                    },
-                ),
-                None => (None, None),
+        let (samples_message, detect_messages) = rayon::join(
+            || {
+                valid_samples.map(|s| {
+                    let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
+                    crate::cloud::select_records(h, searched, &picks)
+                })
             },
             || {
                 detections.as_ref().map(|d| {
@@ -318,7 +314,8 @@ pub fn run<B: Backend>(
         if let Some((d, c)) = detect_messages {
             messages.extend([(DETECTIONS_TOPIC, d), (CLUSTERS_TOPIC, c)]);
         }
-    });
+        Ok(())
+    })?;
     let results = StageResults {
         points: backend.len(&cloud),
         dropped_non_finite,

@@ -1,10 +1,10 @@
 //! The CPU reference backend: the operators of `ops`, on host clouds.
 
 use super::{Backend, OpError};
-use crate::cloud::{Cloud, CloudView};
+use crate::cloud::{Cloud, CloudMessage, CloudView, Header};
 use crate::ops::detect::{detect, DetectParams, Detections};
 use crate::ops::fps::{farthest_point_sample, FpsParams};
-use crate::ops::neighbors::{ball_query, knn, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::neighbors::{ball_query, knn, neighborhoods_message, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{
     pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, FeaturesLayout, HardVoxelParams,
@@ -124,6 +124,17 @@ impl Backend for CpuBackend {
         params: &BallQueryParams,
     ) -> Result<BallQuery, OpError> {
         Ok(ball_query(&points.cloud, &points.queries(samples, queries), params)?)
+    }
+
+    fn neighborhoods_message(
+        &mut self,
+        points: &HostPoints,
+        samples: &[i32],
+        indices: &[i32],
+        width: usize,
+        header: &Header,
+    ) -> Result<CloudMessage, OpError> {
+        Ok(neighborhoods_message(header, |i| points.cloud.point(i), samples, indices, width))
     }
 
     fn detect(&mut self, points: &HostPoints, params: &DetectParams) -> Result<Detections, OpError> {

@@ -6,7 +6,7 @@
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
 
 use super::{Backend, OpError};
-use crate::cloud::CloudView;
+use crate::cloud::{CloudMessage, CloudView, Header};
 use crate::gpu::{
     select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext,
     GpuError, GrowBuffer, ProfileChoice,
@@ -16,7 +16,7 @@ use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::cuda::{ball_query_with, knn_with, NeighborsScratch};
-use crate::ops::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::neighbors::{neighborhoods_message_in, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::cuda::{GpuVoxelizer, PerPoint};
@@ -24,7 +24,7 @@ use crate::ops::voxel::{
     DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
 };
 use crate::ops::Validate;
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result as drv, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// CUDA state kept across frames.
 pub struct CudaBackend {
@@ -37,6 +37,9 @@ pub struct CudaBackend {
     detector: DeviceDetector,
     queries: GrowBuffer<f32>,
     select_xyz: CudaFunction,
+    /// The `neighborhoods` records written on the device.
+    records: GrowBuffer<u32>,
+    nbr_records: CudaFunction,
     /// A test fault to make at the start of its operator in this frame (armed by the engine).
     pub(crate) armed_fault: Option<FaultPlan>,
 }
@@ -84,6 +87,8 @@ impl CudaBackend {
             detector: DeviceDetector::new(&ctx)?,
             queries: GrowBuffer::new(&ctx.stream, 3 * 4096)?,
             select_xyz: ctx.function("gather", "select_xyz")?,
+            records: GrowBuffer::new(&ctx.stream, 6 * 4096 * 32)?,
+            nbr_records: ctx.function("neighbors", "nbr_records")?,
             armed_fault: None,
             ctx,
         })
@@ -261,6 +266,43 @@ impl Backend for CudaBackend {
         let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
         let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
         Ok(ball_query_with(ctx, neighbors, points.xyz()?, q, params)?)
+    }
+
+    fn neighborhoods_message(
+        &mut self,
+        points: &DevicePoints,
+        _samples: &[i32],
+        indices: &[i32],
+        width: usize,
+        header: &Header,
+    ) -> Result<CloudMessage, OpError> {
+        let ctx = &self.ctx;
+        let mut msg = neighborhoods_message_in(header, indices, width, |len| ctx.output_pool.take(len));
+        let slots = indices.len();
+        if slots > 0 {
+            let stream = &ctx.stream;
+            let xyz = points.xyz()?;
+            let out = self.records.ensure(stream, 6 * slots)?;
+            let idx = self.neighbors.indices(ctx)?;
+            let samples = self.fps.indices(ctx)?;
+            let (stride, width32, slots64) = (xyz.stride as u64, width as u32, slots as u64);
+            let block = 256u32;
+            let grid = (slots as u64).div_ceil(block as u64).min(ctx.sm_count.max(1) as u64 * 16) as u32;
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            let mut l = stream.launch_builder(&self.nbr_records);
+            l.arg(xyz.data).arg(&stride).arg(&idx).arg(&samples).arg(&width32).arg(&slots64).arg(&mut *out);
+            // SAFETY: matches nbr_records in cuda/neighbors.cu; idx holds the last search's
+            // `slots` indices (< the searched cloud's length), samples its rows' FPS indices, out
+            // 6 * slots words.
+            unsafe { l.launch(cfg) }.map_err(GpuError::from)?;
+            drop(l);
+            let (src, _record) = out.device_ptr(stream);
+            // SAFETY: `src` holds the records' 24 * slots bytes (little endian like the device);
+            // the message bytes are not touched before the stream is synchronised below.
+            unsafe { drv::memcpy_dtoh_async(msg.data_mut(), src, stream.cu_stream()) }.map_err(GpuError::from)?;
+            stream.synchronize().map_err(GpuError::from)?;
+        }
+        Ok(msg)
     }
 
     fn detect(&mut self, points: &DevicePoints, params: &DetectParams) -> Result<Detections, OpError> {

@@ -22,7 +22,7 @@ use super::voxel::{
     DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
 };
 use super::ParamError;
-use crate::cloud::CloudView;
+use crate::cloud::{CloudMessage, CloudView, Header};
 use crate::gpu::GpuError;
 
 /// An operator failure, the same type on every backend.
@@ -131,6 +131,18 @@ pub trait Backend {
         queries: usize,
         params: &BallQueryParams,
     ) -> Result<BallQuery, OpError>;
+
+    /// The `neighborhoods` message ([`super::neighbors::neighborhoods_message`]) of the last
+    /// neighbour search (`indices`, `width` per row, as it returned them) around the FPS samples
+    /// (`samples`, on the host), x, y, z from `points`, the cloud it searched.
+    fn neighborhoods_message(
+        &mut self,
+        points: &Self::Points,
+        samples: &[i32],
+        indices: &[i32],
+        width: usize,
+        header: &Header,
+    ) -> Result<CloudMessage, OpError>;
 
     /// Ground, clusters and boxes of the cloud (`ops::detect`).
     fn detect(&mut self, points: &Self::Points, params: &DetectParams) -> Result<Detections, OpError>;

@@ -24,7 +24,7 @@
 pub mod cuda;
 
 use super::{ParamError, Validate};
-use crate::cloud::Cloud;
+use crate::cloud::{Cloud, CloudMessage, Datatype, Header, MessageBytes, PointField};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -668,4 +668,59 @@ pub(crate) fn for_each_row_block<A: Send, B: Send>(
         .zip(b.par_chunks_mut(block * wb))
         .enumerate()
         .for_each(|(k, (ha, hb))| f(k * block, ha, hb));
+}
+
+/// Records of the `neighborhoods` message written per task.
+const RECORDS_PER_TASK: usize = 4096;
+
+/// `neighborhoods` of `rows` x `width` slots (records not yet written, left as `alloc` gives
+/// them): an organized cloud, the grouping a PointNet++ layer consumes. Row q holds the neighbours
+/// of sample q (`samples` point q): x, y, z (float32, the point as the search saw it, NaN in KNN
+/// padding slots), `index` (INT32, the neighbour's index in the searched cloud, -1 in KNN padding
+/// slots), `query` (INT32, q) and `query_index` (INT32, the sample's own index in the searched
+/// cloud); little endian, dense unless a slot is padding.
+pub fn neighborhoods_message_in(
+    header: &Header,
+    indices: &[i32],
+    width: usize,
+    alloc: impl FnOnce(usize) -> MessageBytes,
+) -> CloudMessage {
+    use Datatype::{Float32, Int32};
+    let (fields, step) = PointField::packed([
+        ("x", Float32),
+        ("y", Float32),
+        ("z", Float32),
+        ("index", Int32),
+        ("query", Int32),
+        ("query_index", Int32),
+    ]);
+    let rows = if width == 0 { 0 } else { indices.len() / width };
+    let mut msg = CloudMessage::in_bytes(header, rows, width, &fields, step, false, alloc);
+    msg.set_dense(!indices.iter().any(|&i| i < 0));
+    msg
+}
+
+/// The `neighborhoods` message (see [`neighborhoods_message_in`]) of `indices` (`width` per row)
+/// around `samples`, with `xyz(i)` point i of the searched cloud.
+pub fn neighborhoods_message(
+    header: &Header,
+    xyz: impl Fn(usize) -> [f32; 3] + Sync,
+    samples: &[i32],
+    indices: &[i32],
+    width: usize,
+) -> CloudMessage {
+    let mut msg = neighborhoods_message_in(header, indices, width, MessageBytes::zeroed);
+    const STEP: usize = 24;
+    msg.data_mut().par_chunks_mut(STEP * RECORDS_PER_TASK).enumerate().for_each(|(task, block)| {
+        for (j, rec) in block.chunks_exact_mut(STEP).enumerate() {
+            let slot = task * RECORDS_PER_TASK + j;
+            let (i, q) = (indices[slot], slot / width);
+            let p = if i < 0 { [f32::NAN; 3] } else { xyz(i as usize) };
+            let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];
+            for (dst, w) in rec.chunks_exact_mut(4).zip(words) {
+                dst.copy_from_slice(&w.to_le_bytes());
+            }
+        }
+    });
+    msg
 }
