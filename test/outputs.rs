@@ -253,3 +253,65 @@ fn voxel_features_as_float16() {
         }
     }
 }
+
+/// With `fps.input: downsampled` the neighbourhoods carry the points the search read, the float32
+/// centroids, even where the input's x, y, z are integers (INT16 here), which `downsampled`
+/// rounds back into its INT16 fields.
+#[test]
+fn neighborhoods_carry_the_searched_points() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let n = 3000;
+    let fields = vec![
+        PointField::new("x", 0, Datatype::Int16),
+        PointField::new("y", 2, Datatype::Int16),
+        PointField::new("z", 4, Datatype::Int16),
+    ];
+    let pts: Vec<[i16; 3]> =
+        (0..n).map(|_| [rng.random_range(-40..40), rng.random_range(-40..40), rng.random_range(-4..4)]).collect();
+    let data: Vec<u8> = pts.iter().flat_map(|p| p.iter().flat_map(|v| v.to_le_bytes())).collect();
+    let cdr = PointCloud2 {
+        header: Header { stamp_sec: 3, stamp_nanosec: 0, frame_id: "lidar".into() },
+        height: 1,
+        width: n as u32,
+        fields,
+        is_bigendian: false,
+        point_step: 6,
+        row_step: 6 * n as u32,
+        data: Cow::Owned(data),
+        is_dense: true,
+    }
+    .to_cdr();
+    let cfg = config(
+        "voxelize: {enabled: false}\nfeatures: []\ndownsample: {voxel_size: [3, 3, 3]}\nfps: {input: downsampled, num_samples: 64}\nneighbors: {mode: knn, knn: {k: 8}}",
+    );
+    let mut pipeline = Pipeline::new(cfg);
+    let frame = pipeline.process_cdr(&cdr).unwrap();
+    let msgs = frame.messages();
+    let (down, nbrs) = (topic(msgs, DOWNSAMPLED_TOPIC), topic(msgs, NEIGHBORHOODS_TOPIC));
+    // Independently: each occupied 3 m voxel's mean in f64, rounded to f32, in order of first point.
+    let grid = |v: i16, min: f64| ((v as f64 - min) / 3.0).floor() as i64;
+    let mut groups: Vec<([i64; 3], Vec<usize>)> = Vec::new();
+    let mut slot_of: BTreeMap<[i64; 3], usize> = BTreeMap::new();
+    for (i, p) in pts.iter().enumerate() {
+        let key = [grid(p[0], -100.0), grid(p[1], -100.0), grid(p[2], -10.0)];
+        let g = *slot_of.entry(key).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[g].1.push(i);
+    }
+    let centroid = |g: usize| -> [f32; 3] {
+        let members = &groups[g].1;
+        [0, 1, 2].map(|a| (members.iter().map(|&i| pts[i][a] as f64).sum::<f64>() / members.len() as f64) as f32)
+    };
+    assert_eq!(down.len(), groups.len());
+    let index = nbrs.layout.fields.iter().find(|f| f.name == "index").unwrap().clone();
+    let mut fractional = 0;
+    for slot in 0..nbrs.len() {
+        let i = nbrs.value(&index, slot) as usize;
+        let want = centroid(i);
+        assert_eq!(nbrs.xyz(slot).map(f32::to_bits), want.map(f32::to_bits), "slot {slot} (point {i})");
+        fractional += want.iter().any(|v| v.fract() != 0.0) as usize;
+    }
+    assert!(fractional > 0, "the case has non-integer centroids");
+}
