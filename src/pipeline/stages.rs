@@ -9,6 +9,7 @@ use crate::cloud::{Cloud, CloudMessage, CloudView, Datatype, SourceIndex};
 use crate::ops::backend::Backend;
 use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
+use crate::ops::neighbors::NeighborResult;
 use crate::ops::voxel::{DynamicVoxels, FeaturesLayout};
 
 /// Output topics, relative to the output namespace.
@@ -160,19 +161,33 @@ fn without_padding(indices: &[i32]) -> &[i32] {
     &indices[..indices.iter().take_while(|&&i| i >= 0).count()]
 }
 
-/// Starts FPS over `points` (see [`Backend::fps`]).
-fn start_fps<B: Backend>(
+/// Starts FPS over `points` (see [`Backend::fps`]) and, with `neighbors.enabled`, the neighbour
+/// search around its samples; returns the samples and the search as the backend holds them, and
+/// the number of queries (the real samples).
+#[allow(clippy::type_complexity)]
+fn start_sampling<B: Backend>(
     backend: &mut B,
     points: &B::Points,
     cfg: &PipelineConfig,
     t: &mut Timings,
-) -> Result<B::Samples, FrameError> {
+) -> Result<(B::Samples, usize, Option<B::Neighbors>), FrameError> {
     // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N) gives
     // the same samples without computing the padding, which for a K of up to 2^31 - 1 was
-    // gigabytes per frame whatever the cloud's size.
-    let n = backend.len(points).max(1);
-    let params = FpsParams { num_samples: cfg.fps.params.num_samples.min(n), ..cfg.fps.params.clone() };
-    Ok(timed(t, "fps", || backend.fps(points, &params))?)
+    // gigabytes per frame whatever the cloud's size. FPS takes every point before it pads, so
+    // all min(K, N) samples are real, and an empty cloud (one -1) has none.
+    let n = backend.len(points);
+    let params = FpsParams { num_samples: cfg.fps.params.num_samples.min(n.max(1)), ..cfg.fps.params.clone() };
+    let samples = timed(t, "fps", || backend.fps(points, &params))?;
+    let queries = if n == 0 { 0 } else { params.num_samples };
+    let search = if cfg.neighbors.enabled {
+        Some(timed(t, "neighbors", || match cfg.neighbors.mode {
+            NeighborMode::Knn => backend.knn(points, &samples, queries, &cfg.neighbors.knn),
+            NeighborMode::BallQuery => backend.ball_query(points, &samples, queries, &cfg.neighbors.ball_query),
+        })?)
+    } else {
+        None
+    };
+    Ok((samples, queries, search))
 }
 
 /// Every PointCloud2 output of a frame as (topic, message), in a fixed order: the topics of the
@@ -202,7 +217,7 @@ pub fn run<B: Backend>(
     // the voxel stages (on a stream of their own) and the host's encoding go on.
     let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
     let mut pending =
-        if cfg.fps.enabled && !fps_on_downsampled { Some(start_fps(backend, &cloud, cfg, t)?) } else { None };
+        if cfg.fps.enabled && !fps_on_downsampled { Some(start_sampling(backend, &cloud, cfg, t)?) } else { None };
     let (voxels, voxel_features) = if cfg.voxelize.enabled {
         let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
         let (voxels, features) = timed(t, "voxelize", || -> Result<_, FrameError> {
@@ -237,7 +252,7 @@ pub fn run<B: Backend>(
         _ => &cloud,
     };
     if fps_on_downsampled {
-        pending = Some(start_fps(backend, fps_cloud, cfg, t)?);
+        pending = Some(start_sampling(backend, fps_cloud, cfg, t)?);
     }
 
     let (voxels_message, downsampled_message) = timed(t, "encode", || {
@@ -249,27 +264,24 @@ pub fn run<B: Backend>(
     messages.extend(voxels_message.map(|m| (VOXELS_TOPIC, m)));
     messages.extend(voxel_features.map(|m| (VOXEL_FEATURES_TOPIC, m)));
 
-    let (samples, neighborhoods) = match &pending {
-        Some(on_backend) => {
-            let indices = timed(t, "fps", || backend.fps_indices(on_backend))?;
-            let queries = without_padding(&indices).len();
-            let neighborhoods = if cfg.neighbors.enabled {
-                Some(timed(t, "neighbors", || -> Result<_, FrameError> {
-                    Ok(match cfg.neighbors.mode {
-                        NeighborMode::Knn => {
-                            let n = backend.knn(fps_cloud, on_backend, queries, &cfg.neighbors.knn)?;
+    let (samples, neighborhoods) = match pending {
+        Some((on_backend, queries, search)) => {
+            let indices = timed(t, "fps", || backend.fps_indices(&on_backend))?;
+            debug_assert_eq!(without_padding(&indices).len(), queries, "FPS of min(K, N) pads only an empty cloud");
+            let neighborhoods = match search {
+                Some(search) => Some(timed(t, "neighbors", || -> Result<_, FrameError> {
+                    Ok(match backend.neighbors_to_host(search)? {
+                        NeighborResult::Knn(n) => {
                             let found = n.indices.iter().filter(|&&i| i >= 0).count();
                             Neighborhoods { indices: n.indices, width: n.width, found }
                         }
-                        NeighborMode::BallQuery => {
-                            let b = backend.ball_query(fps_cloud, on_backend, queries, &cfg.neighbors.ball_query)?;
+                        NeighborResult::Ball(b) => {
                             let found = b.counts.iter().map(|&c| c as usize).sum();
                             Neighborhoods { indices: b.indices, width: b.width, found }
                         }
                     })
-                })?)
-            } else {
-                None
+                })?),
+                None => None,
             };
             (Some(indices), neighborhoods)
         }

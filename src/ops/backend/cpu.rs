@@ -4,7 +4,7 @@ use super::{Backend, OpError};
 use crate::cloud::{Cloud, CloudMessage, CloudView, Header};
 use crate::ops::detect::{detect, DetectParams, Detections};
 use crate::ops::fps::{farthest_point_sample, FpsParams};
-use crate::ops::neighbors::{ball_query, knn, neighborhoods_message, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::neighbors::{ball_query, knn, neighborhoods_message, BallQueryParams, KnnParams, NeighborResult};
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{
     pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, FeaturesLayout, HardVoxelParams,
@@ -31,6 +31,7 @@ impl HostPoints {
 impl Backend for CpuBackend {
     type Points = HostPoints;
     type Samples = Vec<i32>;
+    type Neighbors = NeighborResult;
 
     fn describe(&self) -> String {
         "cpu".into()
@@ -113,8 +114,8 @@ impl Backend for CpuBackend {
         samples: &Vec<i32>,
         queries: usize,
         params: &KnnParams,
-    ) -> Result<Neighbors, OpError> {
-        Ok(knn(&points.cloud, &points.queries(samples, queries), params)?)
+    ) -> Result<NeighborResult, OpError> {
+        Ok(NeighborResult::Knn(knn(&points.cloud, &points.queries(samples, queries), params)?))
     }
     fn ball_query(
         &mut self,
@@ -122,8 +123,11 @@ impl Backend for CpuBackend {
         samples: &Vec<i32>,
         queries: usize,
         params: &BallQueryParams,
-    ) -> Result<BallQuery, OpError> {
-        Ok(ball_query(&points.cloud, &points.queries(samples, queries), params)?)
+    ) -> Result<NeighborResult, OpError> {
+        Ok(NeighborResult::Ball(ball_query(&points.cloud, &points.queries(samples, queries), params)?))
+    }
+    fn neighbors_to_host(&mut self, neighbors: NeighborResult) -> Result<NeighborResult, OpError> {
+        Ok(neighbors)
     }
 
     fn neighborhoods_message(

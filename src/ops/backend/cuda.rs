@@ -15,8 +15,10 @@ use crate::ops::detect::cuda::DeviceDetector;
 use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
-use crate::ops::neighbors::cuda::{ball_query_with, knn_with, NeighborsScratch};
-use crate::ops::neighbors::{neighborhoods_message_in, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use crate::ops::neighbors::cuda::{
+    ball_query_download, ball_query_enqueue, knn_download, knn_enqueue, NeighborsScratch,
+};
+use crate::ops::neighbors::{neighborhoods_message_in, BallQueryParams, KnnParams, NeighborResult};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::cuda::{GpuVoxelizer, PerPoint};
@@ -106,6 +108,12 @@ impl CudaBackend {
     }
 }
 
+/// An enqueued neighbour search: its results stay in the backend's scratch until fetched.
+pub enum Search {
+    Knn { k: usize },
+    Ball { nsample: usize },
+}
+
 /// Device x, y, z of the first `m` samples of the last FPS (in `fps`), as the neighbour queries.
 fn select_queries<'q>(
     ctx: &GpuContext,
@@ -136,6 +144,7 @@ impl Backend for CudaBackend {
     type Points = DevicePoints;
     /// The indices stay in the backend's FPS scratch until the next FPS.
     type Samples = ();
+    type Neighbors = Search;
 
     fn describe(&self) -> String {
         let c = &self.ctx;
@@ -247,12 +256,13 @@ impl Backend for CudaBackend {
     fn fps_indices(&mut self, _: &()) -> Result<Vec<i32>, OpError> {
         Ok(self.fps.download(&self.ctx)?)
     }
-    fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Neighbors, OpError> {
+    fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Search, OpError> {
         params.validate()?;
         self.fault_point(FaultOp::Neighbors)?;
         let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
         let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
-        Ok(knn_with(ctx, neighbors, points.xyz()?, q, params)?)
+        knn_enqueue(ctx, neighbors, points.xyz()?, q, params)?;
+        Ok(Search::Knn { k: params.k })
     }
     fn ball_query(
         &mut self,
@@ -260,12 +270,21 @@ impl Backend for CudaBackend {
         _: &(),
         queries: usize,
         params: &BallQueryParams,
-    ) -> Result<BallQuery, OpError> {
+    ) -> Result<Search, OpError> {
         params.validate()?;
         self.fault_point(FaultOp::Neighbors)?;
         let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
         let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
-        Ok(ball_query_with(ctx, neighbors, points.xyz()?, q, params)?)
+        ball_query_enqueue(ctx, neighbors, points.xyz()?, q, params)?;
+        Ok(Search::Ball { nsample: params.nsample })
+    }
+    fn neighbors_to_host(&mut self, search: Search) -> Result<NeighborResult, OpError> {
+        Ok(match search {
+            Search::Knn { k } => NeighborResult::Knn(knn_download(&self.ctx, &mut self.neighbors, k)?),
+            Search::Ball { nsample } => {
+                NeighborResult::Ball(ball_query_download(&self.ctx, &mut self.neighbors, nsample)?)
+            }
+        })
     }
 
     fn neighborhoods_message(

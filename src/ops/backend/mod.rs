@@ -16,7 +16,7 @@ pub use cuda::{CudaBackend, DevicePoints};
 
 use super::detect::{DetectParams, Detections};
 use super::fps::FpsParams;
-use super::neighbors::{BallQuery, BallQueryParams, KnnParams, Neighbors};
+use super::neighbors::{BallQueryParams, KnnParams, NeighborResult};
 use super::nms::{Box3d, NmsError, NmsOutput, NmsParams};
 use super::voxel::{
     DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
@@ -59,6 +59,8 @@ pub trait Backend {
     type Points;
     /// FPS sample indices as this backend holds them.
     type Samples;
+    /// A neighbour search's result as this backend holds it.
+    type Neighbors;
 
     /// "cpu" or the device and profile.
     fn describe(&self) -> String;
@@ -116,21 +118,24 @@ pub trait Backend {
     fn fps(&mut self, points: &Self::Points, params: &FpsParams) -> Result<Self::Samples, OpError>;
     /// The indices of `samples` on the host (published); waits for the device.
     fn fps_indices(&mut self, samples: &Self::Samples) -> Result<Vec<i32>, OpError>;
-    /// KNN of the first `queries` sampled points (the non-padding ones) into `points`.
+    /// KNN of the first `queries` sampled points (the non-padding ones) into `points`. On CUDA
+    /// only enqueued, behind the FPS that made `samples`, until [`Self::neighbors_to_host`].
     fn knn(
         &mut self,
         points: &Self::Points,
         samples: &Self::Samples,
         queries: usize,
         params: &KnnParams,
-    ) -> Result<Neighbors, OpError>;
+    ) -> Result<Self::Neighbors, OpError>;
     fn ball_query(
         &mut self,
         points: &Self::Points,
         samples: &Self::Samples,
         queries: usize,
         params: &BallQueryParams,
-    ) -> Result<BallQuery, OpError>;
+    ) -> Result<Self::Neighbors, OpError>;
+    /// A neighbour search's result on the host; waits for the device.
+    fn neighbors_to_host(&mut self, neighbors: Self::Neighbors) -> Result<NeighborResult, OpError>;
 
     /// The `neighborhoods` message ([`super::neighbors::neighborhoods_message`]) of the last
     /// neighbour search (`indices`, `width` per row, as it returned them) around the FPS samples

@@ -329,14 +329,18 @@ pub fn knn_with(
     params: &KnnParams,
 ) -> Result<Neighbors, GpuError> {
     knn_enqueue(ctx, s, points, queries, params)?;
-    let n = s.rows * s.width;
-    if n == 0 {
-        return Ok(Neighbors { indices: Vec::new(), dist2: Vec::new(), width: params.k });
+    knn_download(ctx, s, params.k)
+}
+
+/// The results of the last [`knn_enqueue`] (of `k` neighbours) on the host; waits for the stream.
+pub fn knn_download(ctx: &GpuContext, s: &mut NeighborsScratch, k: usize) -> Result<Neighbors, GpuError> {
+    if s.rows * s.width == 0 {
+        return Ok(Neighbors { indices: Vec::new(), dist2: Vec::new(), width: k });
     }
     let indices = ctx.stream.clone_dtoh(&s.indices(ctx)?)?;
     let dist2 = ctx.stream.clone_dtoh(&s.dist2(ctx)?)?;
     ctx.stream.synchronize()?;
-    Ok(Neighbors { indices, dist2, width: params.k })
+    Ok(Neighbors { indices, dist2, width: k })
 }
 
 /// [`crate::ops::neighbors::ball_query`] on the device.
@@ -358,13 +362,19 @@ pub fn ball_query_with(
     params: &BallQueryParams,
 ) -> Result<BallQuery, GpuError> {
     ball_query_enqueue(ctx, s, points, queries, params)?;
+    ball_query_download(ctx, s, params.nsample)
+}
+
+/// The results of the last [`ball_query_enqueue`] (`nsample` wide) on the host; waits for the
+/// stream.
+pub fn ball_query_download(ctx: &GpuContext, s: &mut NeighborsScratch, nsample: usize) -> Result<BallQuery, GpuError> {
     if s.rows == 0 {
-        return Ok(BallQuery { indices: Vec::new(), counts: Vec::new(), width: params.nsample });
+        return Ok(BallQuery { indices: Vec::new(), counts: Vec::new(), width: nsample });
     }
     let indices = ctx.stream.clone_dtoh(&s.indices(ctx)?)?;
     let counts = ctx.stream.clone_dtoh(&s.counts(ctx)?)?;
     ctx.stream.synchronize()?;
-    Ok(BallQuery { indices, counts, width: params.nsample })
+    Ok(BallQuery { indices, counts, width: nsample })
 }
 
 #[cfg(test)]

@@ -670,6 +670,13 @@ pub(crate) fn for_each_row_block<A: Send, B: Send>(
         .for_each(|(k, (ha, hb))| f(k * block, ha, hb));
 }
 
+/// A neighbour search's result of either kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NeighborResult {
+    Knn(Neighbors),
+    Ball(BallQuery),
+}
+
 /// Records of the `neighborhoods` message written per task.
 const RECORDS_PER_TASK: usize = 4096;
 
