@@ -701,7 +701,7 @@ pub fn neighborhoods_message_in(
         ("query", Int32),
         ("query_index", Int32),
     ]);
-    let rows = if width == 0 { 0 } else { indices.len() / width };
+    let rows = indices.len().checked_div(width).unwrap_or(0);
     let mut msg = CloudMessage::in_bytes(header, rows, width, &fields, step, false, alloc);
     msg.set_dense(!indices.iter().any(|&i| i < 0));
     msg
