@@ -195,11 +195,10 @@ fn start_sampling<B: Backend>(
 pub type Messages = Vec<(&'static str, CloudMessage)>;
 
 /// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and encodes its
-/// outputs (the `encode` stage, timed in parts). FPS is started first; the voxel stages and the
-/// voxel and downsampled messages are done while the device samples, which is only waited for
-/// after them. The messages are
-/// built side by side on the current rayon pool, each from its own results, so the bytes do not
-/// depend on the threads.
+/// outputs (the `encode` stage, timed in parts). FPS and the neighbour search are started first;
+/// the voxel stages and the voxel and downsampled messages are done while the device samples,
+/// which is only waited for after them. The messages are built side by side on the current rayon
+/// pool, each from its own results, so the bytes do not depend on the threads.
 pub fn run<B: Backend>(
     backend: &mut B,
     cfg: &PipelineConfig,
