@@ -161,16 +161,22 @@ fn without_padding(indices: &[i32]) -> &[i32] {
     &indices[..indices.iter().take_while(|&&i| i >= 0).count()]
 }
 
+/// FPS and the neighbour search around its samples, started ([`start_sampling`]).
+struct Sampling<B: Backend> {
+    samples: B::Samples,
+    /// The real samples: the neighbour queries.
+    queries: usize,
+    search: Option<B::Neighbors>,
+}
+
 /// Starts FPS over `points` (see [`Backend::fps`]) and, with `neighbors.enabled`, the neighbour
-/// search around its samples; returns the samples and the search as the backend holds them, and
-/// the number of queries (the real samples).
-#[allow(clippy::type_complexity)]
+/// search around its samples.
 fn start_sampling<B: Backend>(
     backend: &mut B,
     points: &B::Points,
     cfg: &PipelineConfig,
     t: &mut Timings,
-) -> Result<(B::Samples, usize, Option<B::Neighbors>), FrameError> {
+) -> Result<Sampling<B>, FrameError> {
     // K > N pads with -1 and only the real samples are used after FPS: sampling min(K, N) gives
     // the same samples without computing the padding, which for a K of up to 2^31 - 1 was
     // gigabytes per frame whatever the cloud's size. FPS takes every point before it pads, so
@@ -187,7 +193,7 @@ fn start_sampling<B: Backend>(
     } else {
         None
     };
-    Ok((samples, queries, search))
+    Ok(Sampling { samples, queries, search })
 }
 
 /// Every PointCloud2 output of a frame as (topic, message), in a fixed order: the topics of the
@@ -264,7 +270,7 @@ pub fn run<B: Backend>(
     messages.extend(voxel_features.map(|m| (VOXEL_FEATURES_TOPIC, m)));
 
     let (samples, neighborhoods) = match pending {
-        Some((on_backend, queries, search)) => {
+        Some(Sampling { samples: on_backend, queries, search }) => {
             let indices = timed(t, "fps", || backend.fps_indices(&on_backend))?;
             debug_assert_eq!(without_padding(&indices).len(), queries, "FPS of min(K, N) pads only an empty cloud");
             let neighborhoods = match search {
