@@ -227,9 +227,8 @@ pub struct PinnedRing<T> {
     write_combined: bool,
 }
 
-/// Bytes each thread copies into a pinned upload slot, and bytes per DMA of an upload.
+/// Bytes each thread copies into a pinned upload slot.
 const UPLOAD_COPY_CHUNK: usize = 256 << 10;
-const UPLOAD_PIECE: usize = 1 << 20;
 
 impl<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync> PinnedRing<T> {
     /// `write_combined`: fast for buffers the CPU only writes (uploads); must be false for buffers
@@ -294,18 +293,15 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync> PinnedRing<T> {
         let i = self.next_slot(src.len())?;
         let slot = &mut self.slots[i];
         let host = &mut slot.buf.as_mut().unwrap().as_mut_slice()?[..src.len()];
-        // Copied in parallel (one thread's memcpy is several times slower than the DMA), piece by
-        // piece, each piece's DMA enqueued as soon as it is in the slot, so the copy of the next
-        // piece and the DMA of this one overlap.
-        let size = std::mem::size_of::<T>().max(1);
-        let (piece, chunk) = ((UPLOAD_PIECE / size).max(1), (UPLOAD_COPY_CHUNK / size).max(1));
-        let (dptr, _record) = dst.device_ptr_mut(stream);
-        for (k, (h, s)) in host.chunks_mut(piece).zip(src.chunks(piece)).enumerate() {
-            h.par_chunks_mut(chunk).zip(s.par_chunks(chunk)).for_each(|(h, s)| h.copy_from_slice(s));
-            let at = dptr + (k * piece * size) as u64;
-            // SAFETY: `h` is pinned and stays alive (and untouched) until `done` completes;
-            // `dptr` has room for `src.len()` elements, of which this piece starts at `k * piece`.
-            unsafe { drv::memcpy_htod_async(at, &*h, stream.cu_stream()) }?;
+        // In parallel: one thread's memcpy is several times slower than the DMA that follows.
+        let chunk = (UPLOAD_COPY_CHUNK / std::mem::size_of::<T>().max(1)).max(1);
+        host.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(h, s)| h.copy_from_slice(s));
+        let host = &*host;
+        {
+            let (dptr, _record) = dst.device_ptr_mut(stream);
+            // SAFETY: `host` is pinned and stays alive (and untouched) until `done` completes;
+            // `dptr` has room for `host.len()` elements.
+            unsafe { drv::memcpy_htod_async(dptr, host, stream.cu_stream()) }?;
         }
         slot.done.record(stream)?;
         slot.in_flight = true;
