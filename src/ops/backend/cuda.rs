@@ -1,6 +1,8 @@
 //! The CUDA backend: the family launchers (`ops::*::cuda`) over one context, with every scratch
 //! buffer kept across frames. The gathered cloud stays on the device; FPS indices feed the query
-//! selection on the device; only what is published is copied back.
+//! selection on the device; only what is published is copied back, the large outputs straight into
+//! page-locked message bytes (`gpu::output_pool`). Voxelization and the downsample run on a second
+//! stream, beside FPS and the neighbour search on the context's stream.
 //!
 //! Parameters are checked with the CPU reference's own checks before anything is launched, so a
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.

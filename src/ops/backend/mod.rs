@@ -4,9 +4,11 @@
 //! (`pipeline::stages`) is written once, generically over this trait.
 //!
 //! Clouds stay where the backend keeps them ([`Backend::Points`]: host columns on the CPU, device
-//! columns on CUDA) and FPS indices stay there too ([`Backend::Samples`]), so the neighbour search
-//! reads its queries without a round trip. What an operator returns on the host is what is
-//! published.
+//! columns on CUDA), and so do FPS indices ([`Backend::Samples`]) and neighbour results
+//! ([`Backend::Neighbors`]) until they are fetched: the neighbour search reads its queries without
+//! a round trip, and on CUDA both run while the host goes on. What an operator returns on the host
+//! is what is published; the largest outputs (`voxel_features`, `neighborhoods`) come back as
+//! messages the backend wrote.
 
 mod cpu;
 mod cuda;
