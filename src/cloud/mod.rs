@@ -539,12 +539,6 @@ pub fn select_records(header: &Header, view: &CloudView<'_>, picks: &[usize]) ->
 
 /// Writes `v` as type `dt` at byte `offset` of the record `at` (integers rounded to nearest and
 /// saturated).
-/// The value of the field at `offset` of one record, as f64 (exact: every PointCloud2 datatype
-/// fits).
-pub fn read_field(record: &[u8], dt: Datatype, offset: usize, big_endian: bool) -> f64 {
-    read_f64(record, dt, offset, big_endian)
-}
-
 pub fn write_field(at: &mut [u8], dt: Datatype, offset: usize, v: f64, big_endian: bool) {
     write_value(&mut at[offset..], dt, v, big_endian);
 }

@@ -98,8 +98,6 @@ impl OutputPool {
                     st.held -= small.len();
                 }
                 if st.held + cap <= OUTPUT_POOL_LIMIT {
-                    // SAFETY: plain page-locked memory (not write-combined: the host reads it);
-                    // zeroed below before anything reads it.
                     match Self::alloc(&st.ctx, cap) {
                         Ok(b) => {
                             st.held += cap;
@@ -145,10 +143,5 @@ impl OutputPool {
     /// Messages that got heap bytes instead of a pool buffer.
     pub fn heap_fallbacks(&self) -> u64 {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).heap_fallbacks
-    }
-
-    /// Page-locked bytes the pool holds.
-    pub fn held_bytes(&self) -> usize {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).held
     }
 }

@@ -37,8 +37,8 @@ pub enum FrameError {
 /// Voxelization result of either mode.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Voxels {
-    /// Hard voxels without their features (those are the `voxel_features` message,
-    /// [`StageResults::voxel_features`]) and their `[V, C]` centroids.
+    /// Hard voxels without their features (those went into the `voxel_features` message) and
+    /// their `[V, C]` centroids.
     Hard {
         voxels: HardVoxels,
         centroids: Vec<f32>,

@@ -3,33 +3,13 @@
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
 use super::Voxels;
-use crate::cloud::{
-    read_field, write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex,
-};
+use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
-use crate::ops::neighbors::for_each_row_block;
+use crate::ops::neighbors::for_each_record;
 use crate::ops::nms::Box3d;
 use crate::ops::voxel::DynamicVoxels;
 use rayon::prelude::*;
 use std::borrow::Cow;
-
-/// Records written per task by [`for_each_record`].
-const RECORDS_PER_TASK: usize = 4096;
-
-/// `f(i, record i)` for every `step`-byte record of `data`, on the current rayon pool (the row
-/// blocks of the neighbour searches). Each record is written on its own, so the bytes do not
-/// depend on the threads.
-fn for_each_record(data: &mut [u8], step: usize, f: impl Fn(usize, &mut [u8]) + Sync) {
-    if step == 0 {
-        return;
-    }
-    let rows = data.len() / step;
-    for_each_row_block(rows, data, step, &mut vec![(); rows], 1, RECORDS_PER_TASK, |first, block, _| {
-        for (j, rec) in block.chunks_exact_mut(step).enumerate() {
-            f(first + j, rec);
-        }
-    });
-}
 
 /// Fields of a box record, the format boxes travel in between programs.
 pub const BOX_FIELDS: [&str; 9] = ["x", "y", "z", "length", "width", "height", "yaw", "score", "label"];
@@ -121,20 +101,24 @@ pub fn downsampled_message(
     let (step, c, nv) = (layout.point_step as usize, dv.num_channels, dv.voxel_count());
     let mut m = CloudMessage::new(header, 1, nv, &layout.fields, step as u32, layout.big_endian);
     let be = layout.big_endian;
-    // Each channel's datatype, offset and whether its mean comes from the records (one f64 sum
-    // per voxel, in input order: one pass over the points for all such fields).
-    let channels: Vec<(Datatype, usize, bool)> = layout
+    // Each channel's datatype, offset, and where its mean comes from: the float32 means, or (for
+    // the wide fields) column j of per-voxel f64 sums of the records, in input order.
+    let mut wide: Vec<(Datatype, usize)> = Vec::new();
+    let channels: Vec<(Datatype, usize, Option<usize>)> = layout
         .channels()
         .into_iter()
         .enumerate()
         .take(c)
         .map(|(k, f)| {
             debug_assert_eq!(f.name, channel_names[k]);
-            let dt = Datatype::from_u8(f.datatype).expect("validated");
-            (dt, f.offset as usize, k >= 3 && dt.wider_than_f32())
+            let (dt, off) = (Datatype::from_u8(f.datatype).expect("validated"), f.offset as usize);
+            let sum_column = (k >= 3 && dt.wider_than_f32()).then(|| {
+                wide.push((dt, off));
+                wide.len() - 1
+            });
+            (dt, off, sum_column)
         })
         .collect();
-    let wide: Vec<(Datatype, usize)> = channels.iter().filter(|c| c.2).map(|&(dt, off, _)| (dt, off)).collect();
     let nw = wide.len();
     let mut sums = vec![0f64; nv * nw];
     if nw > 0 && nv > 0 {
@@ -147,23 +131,19 @@ pub fn downsampled_message(
             let voxels = first..first + sums.len() / nw;
             for (p, &vox) in dv.point_voxel.iter().enumerate() {
                 if vox >= 0 && voxels.contains(&(vox as usize)) {
-                    let rec = view.record(source.get(p));
                     let sum = &mut sums[(vox as usize - first) * nw..][..nw];
                     for (s, &(dt, off)) in sum.iter_mut().zip(&wide) {
-                        *s += read_field(rec, dt, off, be);
+                        *s += view.value_at(dt, off, source.get(p));
                     }
                 }
             }
         });
     }
     for_each_record(m.data_mut(), step, |v, rec| {
-        let mut w = 0;
-        for (k, &(dt, off, from_records)) in channels.iter().enumerate() {
-            let value = if from_records {
-                w += 1;
-                sums[v * nw + w - 1] / dv.num_points[v] as f64
-            } else {
-                dv.means[v * c + k] as f64
+        for (k, &(dt, off, sum_column)) in channels.iter().enumerate() {
+            let value = match sum_column {
+                Some(j) => sums[v * nw + j] / dv.num_points[v] as f64,
+                None => dv.means[v * c + k] as f64,
             };
             write_field(rec, dt, off, value, be);
         }

@@ -153,6 +153,11 @@ fn nan_class_bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect()
 }
 
+/// fp16 bits with every NaN as one value (the device's NaNs carry no payload).
+fn half_bits(v: &[half::f16]) -> Vec<u16> {
+    v.iter().map(|x| if x.is_nan() { u16::MAX } else { x.to_bits() }).collect()
+}
+
 /// Two `voxel_features` messages are the same bytes, fp16 NaNs counted as one value.
 fn message_same(a: &CloudMessage, b: &CloudMessage, dtype: FeaturesDtype) -> bool {
     let (va, vb) = (a.view(), b.view());
@@ -163,10 +168,12 @@ fn message_same(a: &CloudMessage, b: &CloudMessage, dtype: FeaturesDtype) -> boo
     let (da, db) = (&va.msg.data, &vb.msg.data);
     match dtype {
         FeaturesDtype::Float32 => da == db,
-        FeaturesDtype::Float16 => da.chunks_exact(2).zip(db.chunks_exact(2)).all(|(x, y)| {
-            let (x, y) = (half::f16::from_le_bytes([x[0], x[1]]), half::f16::from_le_bytes([y[0], y[1]]));
-            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
-        }),
+        FeaturesDtype::Float16 => {
+            let halves = |d: &[u8]| {
+                half_bits(&d.chunks_exact(2).map(|h| half::f16::from_le_bytes([h[0], h[1]])).collect::<Vec<_>>())
+            };
+            halves(da) == halves(db)
+        }
     }
 }
 
@@ -260,9 +267,6 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             let half_pillar = vox.hard_features_f16(ctx, true)?;
             vox.hard_device(ctx, &dev, chans, params, true, Some(true))?;
             let (g2, pf2) = vox.hard_to_host(ctx)?;
-            let half_bits = |h: &[half::f16]| {
-                h.iter().map(|v| if v.is_nan() { u16::MAX } else { v.to_bits() }).collect::<Vec<u16>>()
-            };
             let half_same = half_bits(&half_raw) == half_bits(&cpu::features_f16(&exp.features))
                 && pf1.as_ref().is_some_and(|p| half_bits(&half_pillar) == half_bits(&cpu::features_f16(&p.features)));
             rows.push(CheckRow {

@@ -677,8 +677,23 @@ pub enum NeighborResult {
     Ball(BallQuery),
 }
 
-/// Records of the `neighborhoods` message written per task.
+/// Records written per task by [`for_each_record`].
 const RECORDS_PER_TASK: usize = 4096;
+
+/// `f(i, record i)` for every `step`-byte record of `data` (a message's records), on the current
+/// rayon pool as the row blocks of the searches. Each record is written on its own, so the bytes
+/// do not depend on the threads.
+pub(crate) fn for_each_record(data: &mut [u8], step: usize, f: impl Fn(usize, &mut [u8]) + Sync) {
+    if step == 0 {
+        return;
+    }
+    let rows = data.len() / step;
+    for_each_row_block(rows, data, step, &mut vec![(); rows], 1, RECORDS_PER_TASK, |first, block, _| {
+        for (j, rec) in block.chunks_exact_mut(step).enumerate() {
+            f(first + j, rec);
+        }
+    });
+}
 
 /// `neighborhoods` of `rows` x `width` slots (records not yet written, left as `alloc` gives
 /// them): an organized cloud, the grouping a PointNet++ layer consumes. Row q holds the neighbours
@@ -717,16 +732,12 @@ pub fn neighborhoods_message(
     width: usize,
 ) -> CloudMessage {
     let mut msg = neighborhoods_message_in(header, indices, width, MessageBytes::zeroed);
-    const STEP: usize = 24;
-    msg.data_mut().par_chunks_mut(STEP * RECORDS_PER_TASK).enumerate().for_each(|(task, block)| {
-        for (j, rec) in block.chunks_exact_mut(STEP).enumerate() {
-            let slot = task * RECORDS_PER_TASK + j;
-            let (i, q) = (indices[slot], slot / width);
-            let p = if i < 0 { [f32::NAN; 3] } else { xyz(i as usize) };
-            let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];
-            for (dst, w) in rec.chunks_exact_mut(4).zip(words) {
-                dst.copy_from_slice(&w.to_le_bytes());
-            }
+    for_each_record(msg.data_mut(), 24, |slot, rec| {
+        let (i, q) = (indices[slot], slot / width);
+        let p = if i < 0 { [f32::NAN; 3] } else { xyz(i as usize) };
+        let words = [p[0].to_bits(), p[1].to_bits(), p[2].to_bits(), i as u32, q as u32, samples[q] as u32];
+        for (dst, w) in rec.chunks_exact_mut(4).zip(words) {
+            dst.copy_from_slice(&w.to_le_bytes());
         }
     });
     msg

@@ -743,9 +743,14 @@ impl FeaturesLayout<'_> {
     pub fn message(&self, v: &HardVoxels, alloc: impl FnOnce(usize) -> MessageBytes) -> CloudMessage {
         let (fields, step) = self.fields(v.num_channels);
         let mut m = CloudMessage::in_bytes(self.header, v.voxel_count(), v.max_points, &fields, step, false, alloc);
-        m.set_dense(v.num_points.iter().all(|&n| n as usize == v.max_points));
+        m.set_dense(every_slot_used(v));
         m
     }
+}
+
+/// No voxel has an empty (zero) slot: `voxel_features` is dense.
+fn every_slot_used(v: &HardVoxels) -> bool {
+    v.num_points.iter().all(|&n| n as usize == v.max_points)
 }
 
 impl PublishedHardVoxels {
@@ -768,7 +773,7 @@ impl PublishedHardVoxels {
         let (fields, step) = layout.fields(voxels.num_channels);
         let dims = (voxels.voxel_count(), voxels.max_points);
         let mut features = CloudMessage::from_records(layout.header, dims, &fields, step, false, records);
-        features.set_dense(voxels.num_points.iter().all(|&n| n as usize == voxels.max_points));
+        features.set_dense(every_slot_used(&voxels));
         voxels.features = Vec::new();
         Self { voxels, centroids, features }
     }
