@@ -2,25 +2,37 @@
 // Semantics and every formula: src/ops/nms/mod.rs (the CPU reference). Host side: src/ops/nms/cuda.rs.
 //
 // Pipeline (one stream, no host round trip):
-//   nms_keys     per input box: 64-bit key (descending score bits << 32 | index) for candidates
-//                (score >= score_threshold), all-ones otherwise; counts candidates; zeroes scratch.
-//   nms_rank     rank[i] = #keys smaller than key[i] (exact counting sort: keys are unique, so the
-//                ranks are a permutation; deterministic); the j range is split over grid.y and the
-//                partial counts added with integer atomics.
-//   nms_prep     candidates with rank < pre_max_size: order[rank] = i and the kind's per-box
-//                preparation (exact f32, see ops/nms/mod.rs) stored by rank.
-//   nms_mask_*   one 64-thread block per (row tile, column tile >= row tile) of the upper
-//                triangle: bit k of row r's word is set when rank r suppresses rank 64*ct + k.
-//                Diagonal words go to diag[r]; other non-zero words are appended to the row
-//                tile's entry list (row, column tile, word) - the mask is sparse because two boxes
-//                far apart never suppress each other, so only non-zero words are stored.
-//   nms_sweep    one block walks the row tiles in rank order: the tile's kept rows are resolved
-//                from the removed word and the diagonal words, then the kept rows' entries are
-//                OR-ed into the shared-memory 'removed' bitvector; the next tile's entries are
-//                prefetched into registers meanwhile. Writes the keep list (input indices).
+//   nms_keys        per input box: 64-bit key (descending score bits << 32 | index) for candidates
+//                   (score >= score_threshold), all-ones otherwise; counts candidates.
+//   nms_sort_tiles  sorts each tile of 1024 keys in a block (bitonic);
+//   nms_merge_rank  a key's rank = its place in its tile + a binary search in every other tile
+//                   (keys are unique, so the ranks are a permutation: an exact, deterministic sort
+//                   in n * tiles * log(1024) steps instead of the n^2 of pairwise counting).
+//   nms_prep        candidates with rank < pre_max_size: order[rank] = i and the kind's per-box
+//                   preparation (exact f32, see ops/nms/mod.rs) stored by rank; the bounds of the
+//                   box centres.
+//   Mask, grouped (the default; src/ops/nms/cuda.rs says when the dense mask runs instead):
+//     nms_morton       a Morton key of each candidate's centre, sorted with the two kernels above,
+//     nms_groups       so that groups of 64 consecutive boxes in that order are spatially compact:
+//                      each group's culling rectangle, its boxes' prep and score ranks in that order.
+//     nms_group_pairs  the pairs of groups whose rectangles can hold a suppressing pair (two boxes
+//                      far apart never suppress each other, and the score order alone gives no
+//                      such locality);
+//     nms_mask_grouped blocks stride over those pairs: every suppressing box pair sets bit
+//                      (row = higher rank, column = lower rank). Same-tile bits go to diag[row];
+//                      the others are appended to the row tile's entry list.
+//   Mask, dense (small inputs, and inputs too dense for per-pair entries):
+//     nms_mask_*       one 64-thread block per (row tile, column tile >= row tile) of the upper
+//                      triangle in rank order: the same bits, non-zero words appended.
+//   nms_sweep       one block walks the row tiles in rank order: the tile's kept rows are resolved
+//                   from the removed word and the diagonal words, then the kept rows' entries are
+//                   OR-ed into the shared-memory 'removed' bitvector; the next tile's entries are
+//                   prefetched into registers meanwhile. Writes the keep list (input indices).
 //
-// All arithmetic of the overlap tests uses __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never
-// contracted into FMA, whatever the flags) in the exact order of the CPU reference.
+// The entry lists' order depends on scheduling, but the sweep only ORs them, so the keep list
+// is a function of the input alone. All arithmetic of the overlap tests uses
+// __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never contracted into FMA, whatever the flags) in the
+// exact order of the CPU reference.
 
 #include "common.cuh"
 
@@ -44,6 +56,7 @@ typedef unsigned int u32;
 #define SWEEP_EPT (SWEEP_THREADS * SWEEP_PF)
 
 #define FULL_MASK 0xffffffffu
+#define NMS_INF __int_as_float(0x7f800000)
 
 // ------------------------------------------------------------------------------------------
 // Portable sincos, op for op as ops::nms::sincos_f32.
@@ -213,85 +226,235 @@ __device__ __forceinline__ bool circle_suppresses(const float* a, const float* b
 // ------------------------------------------------------------------------------------------
 // Sort.
 
-__device__ __forceinline__ u32 desc_score_key(float s) {
-    u32 u = (s == 0.0f) ? 0u : __float_as_uint(s);  // -0.0 and +0.0 tie
-    u32 asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ~asc;
+// Order-preserving map of non-NaN floats onto u32 (and back), for sort keys and atomicMax on floats.
+__device__ __forceinline__ u32 ord_f32(float v) {
+    const u32 u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float unord_f32(u32 o) {
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
-// counters: [0] candidates, [1] largest entry count of an overflowing tile, [2..3] spare.
+__device__ __forceinline__ u32 desc_score_key(float s) {
+    return ~ord_f32(__uint_as_float(s == 0.0f ? 0u : __float_as_uint(s)));  // -0.0 and +0.0 tie
+}
+
+// counters (zeroed by the host): [0] candidates, [1] largest entry count of an overflowing tile,
+// [2] interacting group pairs (grouped mask), [3] spare, [4..7] bounds of the candidates' centres
+// as ordered words (see ord_f32): [4] ~min x, [5] max x, [6] ~min y, [7] max y (0 = none yet, so
+// every bound is an atomicMax).
+#define CTR_PAIRS 2
+#define CTR_BOUNDS 4
+
 extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
 nms_keys(const float* __restrict__ scores, int n, float score_threshold, u64* __restrict__ keys,
-         u32* __restrict__ rank, u32* __restrict__ tilecnt, int ntiles, u32* __restrict__ counters) {
+         u32* __restrict__ tilecnt, int ntiles, u32* __restrict__ counters) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     bool cand = false;
     if (i < n) {
         float s = scores[i];
         cand = s >= score_threshold;
         keys[i] = cand ? (((u64)desc_score_key(s) << 32) | (u64)(u32)i) : ~0ull;
-        rank[i] = 0;
     }
     if (i < ntiles) tilecnt[i] = 0;
     unsigned bal = __ballot_sync(FULL_MASK, cand);
     if ((threadIdx.x & 31) == 0 && bal) atomicAdd(&counters[0], (u32)__popc(bal));
 }
 
-// grid (ceil(n/256), S): block (x, y) counts, for its 256 keys, the smaller keys in chunk y.
-extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
-nms_rank(const u64* __restrict__ keys, int n, int chunk_tiles, u32* __restrict__ rank) {
-    __shared__ u64 tile[NMS_AUX_BLOCK];
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    u64 my = i < n ? keys[i] : ~0ull;
-    int ntiles = (n + NMS_AUX_BLOCK - 1) / NMS_AUX_BLOCK;
-    int t0 = blockIdx.y * chunk_tiles;
-    int t1 = min(ntiles, t0 + chunk_tiles);
-    u32 cnt = 0;
-    for (int t = t0; t < t1; ++t) {
-        int j = t * NMS_AUX_BLOCK + threadIdx.x;
-        __syncthreads();
-        tile[threadIdx.x] = j < n ? keys[j] : ~0ull;
-        __syncthreads();
-#pragma unroll 16
-        for (int k = 0; k < NMS_AUX_BLOCK; ++k) cnt += (tile[k] < my) ? 1u : 0u;
+// Keys per sorted tile = threads of the sort block (SORT_TILE in src/ops/nms/cuda.rs).
+#define SORT_TILE 1024
+
+// Block b sorts keys [b * SORT_TILE, (b + 1) * SORT_TILE) ascending into `sorted`; keys at or past
+// `len` (min(*count, n) when count is given, else n) are padding (all ones). Bitonic, one key per
+// thread: the exchanges within a warp (partner distance < 32) go through shuffles, so only 15 of
+// the 55 steps need a barrier.
+extern "C" __global__ void __launch_bounds__(SORT_TILE)
+nms_sort_tiles(const u64* __restrict__ keys, const u32* __restrict__ count, int n, u64* __restrict__ sorted) {
+    __shared__ u64 s[SORT_TILE];
+    const int len = count != nullptr ? min((int)*count, n) : n;
+    const int tid = threadIdx.x;
+    const int i = blockIdx.x * SORT_TILE + tid;
+    u64 v = i < len ? keys[i] : ~0ull;
+    for (int k = 2; k <= SORT_TILE; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            u64 w;
+            if (j >= 32) {
+                s[tid] = v;
+                __syncthreads();
+                w = s[tid ^ j];
+                __syncthreads();
+            } else {
+                w = __shfl_xor_sync(FULL_MASK, v, j);
+            }
+            // The lower index of a pair takes the minimum in an ascending run (tid & k == 0).
+            const bool take_min = ((tid & j) == 0) == ((tid & k) == 0);
+            v = take_min ? (w < v ? w : v) : (w > v ? w : v);
+        }
     }
-    if (i < n && my != ~0ull && cnt != 0) atomicAdd(&rank[i], cnt);
+    sorted[i] = v;
 }
 
-// Per input box: candidates ranked below pre_max_size get order[rank] = i and their prep.
+#define RANK_OF_LOW 0  // out[low 32 bits of the key] = rank (score keys carry the box index)
+#define LOW_BY_RANK 1  // out[rank] = low 32 bits of the key (Morton keys carry the score rank)
+
+// One warp per sorted slot: the rank of its key among all keys (padding skipped); lane l
+// searches tiles l, l + 32, ... so that the dependent loads of the searches overlap.
+extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
+nms_merge_rank(const u64* __restrict__ sorted, int ntiles, int mode, u32* __restrict__ out) {
+    const long long e = ((long long)blockIdx.x * NMS_AUX_BLOCK + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (e >= (long long)ntiles * SORT_TILE) return;  // uniform over the warp
+    const u64 k = sorted[e];
+    if (k == ~0ull) return;
+    const int t = (int)(e / SORT_TILE);
+    u32 r = 0;
+    for (int o = lane; o < ntiles; o += 32) {
+        if (o == t) continue;
+        const u64* tile = sorted + (size_t)o * SORT_TILE;
+        // Keys of tile o below k: its binary digits from the top (tile[0..pos) < k throughout).
+        int pos = 0;
+        for (int step = SORT_TILE; step > 0; step >>= 1)
+            if (pos + step <= SORT_TILE && tile[pos + step - 1] < k) pos += step;
+        r += (u32)pos;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(FULL_MASK, r, o);
+    if (lane != 0) return;
+    r += (u32)(e - (long long)t * SORT_TILE);
+    if (mode == RANK_OF_LOW) out[(u32)k] = r;
+    else out[r] = (u32)k;
+}
+
+__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Per input box: candidates ranked below pre_max_size get order[rank] = i and their prep; the
+// centres' bounds go to counters[CTR_BOUNDS..] (one atomic per warp and bound).
 extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
 nms_prep(const float* __restrict__ boxes, const int* __restrict__ classes, int class_aware, int kind, int n,
          int pre, const u64* __restrict__ keys, const u32* __restrict__ rank, u32* __restrict__ order,
-         float* __restrict__ prep) {
+         float* __restrict__ prep, u32* __restrict__ counters) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n || keys[i] == ~0ull) return;
-    int r = (int)rank[i];
-    if (r >= pre) return;
-    order[r] = (u32)i;
-    const float* b = boxes + (size_t)i * 7;
-    float x = b[0], y = b[1], length = b[3], width = b[4], yaw = b[6];
-    float* p = prep + (size_t)r * PREP_STRIDE;
-    if (kind == KIND_AA) {
-        float hl = __fmul_rn(length, 0.5f);
-        float hw = __fmul_rn(width, 0.5f);
-        float x1 = __fsub_rn(x, hl), x2 = __fadd_rn(x, hl);
-        float y1 = __fsub_rn(y, hw), y2 = __fadd_rn(y, hw);
-        p[0] = x1; p[1] = y1; p[2] = x2; p[3] = y2;
-        p[4] = __fmul_rn(__fsub_rn(x2, x1), __fsub_rn(y2, y1));
-    } else if (kind == KIND_ROT) {
-        float s, c;
-        sincos_portable(yaw, &s, &c);
-        float hl = __fmul_rn(length, 0.5f);
-        float hw = __fmul_rn(width, 0.5f);
-        float ex = __fadd_rn(fabsf(__fmul_rn(hl, c)), fabsf(__fmul_rn(hw, s)));
-        float ey = __fadd_rn(fabsf(__fmul_rn(hl, s)), fabsf(__fmul_rn(hw, c)));
-        p[0] = x; p[1] = y; p[2] = s; p[3] = c; p[4] = hl; p[5] = hw;
-        p[6] = __fmul_rn(length, width);
-        p[7] = __fsub_rn(x, ex); p[8] = __fadd_rn(x, ex);
-        p[9] = __fsub_rn(y, ey); p[10] = __fadd_rn(y, ey);
-    } else {
-        p[0] = x; p[1] = y;
+    u32 bx0 = 0, bx1 = 0, by0 = 0, by1 = 0;
+    if (i < n && keys[i] != ~0ull && (int)rank[i] < pre) {
+        int r = (int)rank[i];
+        order[r] = (u32)i;
+        const float* b = boxes + (size_t)i * 7;
+        float x = b[0], y = b[1], length = b[3], width = b[4], yaw = b[6];
+        bx0 = ~ord_f32(x);
+        bx1 = ord_f32(x);
+        by0 = ~ord_f32(y);
+        by1 = ord_f32(y);
+        float* p = prep + (size_t)r * PREP_STRIDE;
+        if (kind == KIND_AA) {
+            float hl = __fmul_rn(length, 0.5f);
+            float hw = __fmul_rn(width, 0.5f);
+            float x1 = __fsub_rn(x, hl), x2 = __fadd_rn(x, hl);
+            float y1 = __fsub_rn(y, hw), y2 = __fadd_rn(y, hw);
+            p[0] = x1; p[1] = y1; p[2] = x2; p[3] = y2;
+            p[4] = __fmul_rn(__fsub_rn(x2, x1), __fsub_rn(y2, y1));
+        } else if (kind == KIND_ROT) {
+            float s, c;
+            sincos_portable(yaw, &s, &c);
+            float hl = __fmul_rn(length, 0.5f);
+            float hw = __fmul_rn(width, 0.5f);
+            float ex = __fadd_rn(fabsf(__fmul_rn(hl, c)), fabsf(__fmul_rn(hw, s)));
+            float ey = __fadd_rn(fabsf(__fmul_rn(hl, s)), fabsf(__fmul_rn(hw, c)));
+            p[0] = x; p[1] = y; p[2] = s; p[3] = c; p[4] = hl; p[5] = hw;
+            p[6] = __fmul_rn(length, width);
+            p[7] = __fsub_rn(x, ex); p[8] = __fadd_rn(x, ex);
+            p[9] = __fsub_rn(y, ey); p[10] = __fadd_rn(y, ey);
+        } else {
+            p[0] = x; p[1] = y;
+        }
+        p[PREP_CLS] = __int_as_float(class_aware ? classes[i] : 0);
     }
-    p[PREP_CLS] = __int_as_float(class_aware ? classes[i] : 0);
+    bx0 = warp_max_u32(bx0);
+    bx1 = warp_max_u32(bx1);
+    by0 = warp_max_u32(by0);
+    by1 = warp_max_u32(by1);
+    if ((threadIdx.x & 31) == 0 && bx1 != 0u) {
+        atomicMax(&counters[CTR_BOUNDS + 0], bx0);
+        atomicMax(&counters[CTR_BOUNDS + 1], bx1);
+        atomicMax(&counters[CTR_BOUNDS + 2], by0);
+        atomicMax(&counters[CTR_BOUNDS + 3], by1);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Spatial order for the grouped mask. Only the speed depends on it: any order finds every pair.
+
+__device__ __forceinline__ u32 spread_bits16(u32 v) {
+    v = (v | (v << 8)) & 0x00ff00ffu;
+    v = (v | (v << 4)) & 0x0f0f0f0fu;
+    v = (v | (v << 2)) & 0x33333333u;
+    return (v | (v << 1)) & 0x55555555u;
+}
+
+// 16-bit cell of v in [lo, hi] (f64, so a span near the f32 range does not overflow).
+__device__ __forceinline__ u32 morton_cell(float v, float lo, float hi) {
+    const double span = (double)hi - (double)lo;
+    const double f = span > 0.0 ? ((double)v - (double)lo) / span * 65535.0 : 0.0;
+    return (u32)fmin(fmax(f, 0.0), 65535.0);
+}
+
+// Per candidate rank r < m: skeys[r] = morton(centre) << 32 | r (unique keys).
+extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
+nms_morton(const float* __restrict__ boxes, const u32* __restrict__ order, const u32* __restrict__ counters, int pre,
+           u64* __restrict__ skeys) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= min((int)counters[0], pre)) return;
+    const float* b = boxes + (size_t)order[r] * 7;
+    const float x0 = unord_f32(~counters[CTR_BOUNDS + 0]), x1 = unord_f32(counters[CTR_BOUNDS + 1]);
+    const float y0 = unord_f32(~counters[CTR_BOUNDS + 2]), y1 = unord_f32(counters[CTR_BOUNDS + 3]);
+    const u32 code = spread_bits16(morton_cell(b[0], x0, x1)) | (spread_bits16(morton_cell(b[1], y0, y1)) << 1);
+    skeys[r] = ((u64)code << 32) | (u64)(u32)r;
+}
+
+// The rectangle a box can interact within: the BEV bounding rectangle (aa, rotated: both pre-filters
+// need a strict overlap of it) or the centre (circle).
+__device__ __forceinline__ float4 cull_rect(const float* p, int kind) {
+    if (kind == KIND_AA) return make_float4(p[0], p[2], p[1], p[3]);
+    if (kind == KIND_ROT) return make_float4(p[7], p[8], p[9], p[10]);
+    return make_float4(p[0], p[0], p[1], p[1]);
+}
+
+// Block g (64 threads): the boxes at spatial positions 64g.. : prep and score rank in that order,
+// the group's rectangle (x lo, x hi, y lo, y hi over its boxes), and diag zeroed for the mask.
+extern "C" __global__ void __launch_bounds__(NMS_TILE)
+nms_groups(const float* __restrict__ prep, const u32* __restrict__ sp, const u32* __restrict__ counters, int pre,
+           int kind, float* __restrict__ sprep, u32* __restrict__ srank, float4* __restrict__ gbox,
+           u64* __restrict__ diag) {
+    __shared__ float4 s_rect[NMS_TILE / 32];
+    const int m = min((int)counters[0], pre);
+    const int pos = blockIdx.x * NMS_TILE + threadIdx.x;
+    diag[pos] = 0;
+    float4 q = make_float4(NMS_INF, -NMS_INF, NMS_INF, -NMS_INF);
+    if (pos < m) {
+        const u32 r = sp[pos];
+        srank[pos] = r;
+        const float* p = prep + (size_t)r * PREP_STRIDE;
+        float* d = sprep + (size_t)pos * PREP_STRIDE;
+#pragma unroll
+        for (int k = 0; k < PREP_STRIDE; ++k) d[k] = p[k];
+        q = cull_rect(p, kind);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        q.x = fminf(q.x, __shfl_xor_sync(FULL_MASK, q.x, o));
+        q.y = fmaxf(q.y, __shfl_xor_sync(FULL_MASK, q.y, o));
+        q.z = fminf(q.z, __shfl_xor_sync(FULL_MASK, q.z, o));
+        q.w = fmaxf(q.w, __shfl_xor_sync(FULL_MASK, q.w, o));
+    }
+    if ((threadIdx.x & 31) == 0) s_rect[threadIdx.x >> 5] = q;
+    __syncthreads();
+    if (threadIdx.x == 0 && blockIdx.x * NMS_TILE < m) {
+        const float4 a = s_rect[0], b = s_rect[1];
+        gbox[blockIdx.x] = make_float4(fminf(a.x, b.x), fmaxf(a.y, b.y), fminf(a.z, b.z), fmaxf(a.w, b.w));
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -419,17 +582,163 @@ MASK_KERNEL(nms_mask_rot, KIND_ROT)
 MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
 
 // ------------------------------------------------------------------------------------------
+// Grouped mask.
+
+// Whether two groups' rectangles can hold a suppressing pair. aa / rotated: both pre-filters need
+// fminf(a.hi, b.hi) > fmaxf(a.lo, b.lo) on each axis, impossible when one group's lowest lo is not
+// below the other's highest hi (comparisons only: exact). Circle (rectangles of centres): a gap
+// above tt = threshold * 1.0001 (infinite when threshold^2 overflows) gives d2 > threshold^2
+// after rounding, since each of the 4 roundings of d2 costs at most 2^-24 relative.
+template <int KIND>
+__device__ __forceinline__ bool groups_interact(float4 g, float4 h, float tt) {
+    if (KIND == KIND_CIRCLE)
+        return !(__fsub_rn(h.x, g.y) > tt) && !(__fsub_rn(g.x, h.y) > tt) && !(__fsub_rn(h.z, g.w) > tt) &&
+               !(__fsub_rn(g.z, h.w) > tt);
+    return g.x < h.y && h.x < g.y && g.z < h.w && h.z < g.w;
+}
+
+// Rank r suppresses rank c (r < c): the bit goes to diag[r] in the same tile, else an entry.
+__device__ __forceinline__ void emit_bit(u32 r, u32 c, u64* __restrict__ diag, u32* __restrict__ tilecnt,
+                                         uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {
+    const u32 rt = r / NMS_TILE, ct = c / NMS_TILE;
+    const u64 bit = 1ull << (c % NMS_TILE);
+    if (rt == ct) {
+        atomicOr(&diag[r], bit);
+        return;
+    }
+    const u32 pos = atomicAdd(&tilecnt[rt], 1u);
+    if (pos < (u32)capt) {
+        entries[(size_t)rt * capt + pos] = make_uint4(r % NMS_TILE, ct, (u32)bit, (u32)(bit >> 32));
+    } else {
+        atomicMax(overflow, pos + 1);
+    }
+}
+
+// Thread (g, h >= g): appends the pair to `pairs` when the two groups' rectangles interact, so
+// that the mask's blocks are spread over the pairs rather than over the groups (a group has ~10
+// neighbours: one block per group left most of the device idle).
+extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
+nms_group_pairs(const float4* __restrict__ gbox, u32* __restrict__ counters, int pre, int kind, float tt,
+                uint2* __restrict__ pairs) {
+    const int ng = (min((int)counters[0], pre) + NMS_TILE - 1) / NMS_TILE;
+    const int h = blockIdx.x * NMS_AUX_BLOCK + threadIdx.x;
+    const int g = blockIdx.y;
+    bool near = false;
+    if (h < ng && g <= h) {
+        const float4 a = gbox[g], b = gbox[h];
+        near = kind == KIND_CIRCLE ? groups_interact<KIND_CIRCLE>(a, b, tt) : groups_interact<KIND_AA>(a, b, tt);
+    }
+    const unsigned bal = __ballot_sync(FULL_MASK, near);
+    const int lane = threadIdx.x & 31;
+    u32 base = 0;
+    if (lane == 0 && bal) base = atomicAdd(&counters[CTR_PAIRS], (u32)__popc(bal));
+    base = __shfl_sync(FULL_MASK, base, 0);
+    if (near) pairs[base + __popc(bal & ((1u << lane) - 1u))] = make_uint2((u32)g, (u32)h);
+}
+
+// Blocks stride over the interacting group pairs (g, h): g's 64 boxes (one per thread) against
+// h's (h == g: each pair once). A pair is tested as (higher rank, lower rank).
+template <int KIND>
+__device__ __forceinline__ void mask_grouped(const float* __restrict__ sprep, const u32* __restrict__ srank,
+                                             const uint2* __restrict__ pairs, const u32* __restrict__ counters,
+                                             int pre, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,
+                                             uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {
+    __shared__ float rows[NMS_TILE * PREP_STRIDE];
+    __shared__ float cols[NMS_TILE * PREP_STRIDE];
+    __shared__ u32 rrank[NMS_TILE];
+    __shared__ u32 crank[NMS_TILE];
+    __shared__ unsigned short queue[NMS_TILE * ROT_CHUNK];
+    __shared__ u32 s_qn;
+    const int m = min((int)counters[0], pre);
+    const u32 npairs = counters[CTR_PAIRS];
+    const int tid = threadIdx.x;
+    const float* a = &rows[tid * PREP_STRIDE];
+    for (u32 p = blockIdx.x; p < npairs; p += gridDim.x) {  // uniform over the block
+        const uint2 gh = pairs[p];
+        const int g = (int)gh.x, h = (int)gh.y;
+        const int nrows = min(NMS_TILE, m - g * NMS_TILE);
+        const int ncols = min(NMS_TILE, m - h * NMS_TILE);
+        __syncthreads();  // the previous pair is done with the shared arrays
+        for (int e = tid; e < nrows * PREP_STRIDE; e += NMS_BLOCK) rows[e] = sprep[(size_t)g * NMS_TILE * PREP_STRIDE + e];
+        for (int e = tid; e < ncols * PREP_STRIDE; e += NMS_BLOCK) cols[e] = sprep[(size_t)h * NMS_TILE * PREP_STRIDE + e];
+        if (tid < nrows) rrank[tid] = srank[g * NMS_TILE + tid];
+        if (tid < ncols) crank[tid] = srank[h * NMS_TILE + tid];
+        if (tid == 0) s_qn = 0;
+        __syncthreads();
+        const int k0 = h == g ? tid + 1 : 0;
+        const bool row_ok = tid < nrows;
+        const int acls = row_ok ? __float_as_int(a[PREP_CLS]) : 0;
+        const u32 ra = row_ok ? rrank[tid] : 0u;
+        if (KIND == KIND_ROT) {
+            for (int cb = 0; cb < ncols; cb += ROT_CHUNK) {
+                if (row_ok) {
+                    const int ke = min(cb + ROT_CHUNK, ncols);
+                    for (int k = max(k0, cb); k < ke; ++k) {
+                        const float* bb = &cols[k * PREP_STRIDE];
+                        if (__float_as_int(bb[PREP_CLS]) != acls) continue;
+                        // rot_suppresses up to the exact IoU (these tests are symmetric in a, b).
+                        if (!(fminf(a[8], bb[8]) > fmaxf(a[7], bb[7])) || !(fminf(a[10], bb[10]) > fmaxf(a[9], bb[9]))) continue;
+                        const float mm = fminf(a[6], bb[6]);
+                        if (!(__fdiv_rn(mm, __fsub_rn(__fadd_rn(a[6], bb[6]), mm)) > t)) continue;
+                        if (a[6] == 0.0f || bb[6] == 0.0f) continue;
+                        const u32 q = atomicAdd(&s_qn, 1u);
+                        queue[q] = (unsigned short)((tid << 6) | k);
+                    }
+                }
+                __syncthreads();
+                const u32 qn = s_qn;
+                for (u32 q = tid; q < qn; q += NMS_BLOCK) {
+                    const int e = queue[q];
+                    const int row = e >> 6, k = e & 63;
+                    const u32 r1 = rrank[row], r2 = crank[k];
+                    const float* hi = r1 < r2 ? &rows[row * PREP_STRIDE] : &cols[k * PREP_STRIDE];
+                    const float* lo = r1 < r2 ? &cols[k * PREP_STRIDE] : &rows[row * PREP_STRIDE];
+                    if (rot_iou_exact(hi, lo) > t) emit_bit(min(r1, r2), max(r1, r2), diag, tilecnt, entries, capt, overflow);
+                }
+                __syncthreads();
+                if (tid == 0) s_qn = 0;
+                __syncthreads();
+            }
+        } else if (row_ok) {
+            for (int k = k0; k < ncols; ++k) {
+                const float* bb = &cols[k * PREP_STRIDE];
+                if (__float_as_int(bb[PREP_CLS]) != acls) continue;
+                const u32 rb = crank[k];
+                const float* hi = ra < rb ? a : bb;
+                const float* lo = ra < rb ? bb : a;
+                const bool s = KIND == KIND_AA ? aa_suppresses(hi, lo, t) : circle_suppresses(hi, lo, t);
+                if (s) emit_bit(min(ra, rb), max(ra, rb), diag, tilecnt, entries, capt, overflow);
+            }
+        }
+    }
+}
+
+#define MASK_GROUPED_KERNEL(NAME, KIND)                                                                        \
+    extern "C" __global__ void __launch_bounds__(NMS_BLOCK)                                                    \
+    NAME(const float* __restrict__ sprep, const u32* __restrict__ srank, const uint2* __restrict__ pairs,       \
+         const u32* __restrict__ counters, int pre, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,  \
+         uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {                                   \
+        mask_grouped<KIND>(sprep, srank, pairs, counters, pre, t, diag, tilecnt, entries, capt, overflow);     \
+    }
+
+MASK_GROUPED_KERNEL(nms_mask_grouped_aa, KIND_AA)
+MASK_GROUPED_KERNEL(nms_mask_grouped_rot, KIND_ROT)
+MASK_GROUPED_KERNEL(nms_mask_grouped_circle, KIND_CIRCLE)
+
+// ------------------------------------------------------------------------------------------
 // Sweep: one block. Dynamic shared memory: ent[2][SWEEP_EPT] (uint4), diag[2][64] (u64),
-// removed[wtiles] (u64).
+// ord[2][64] (u32), removed[wtiles] (u64).
 
 struct SweepRegs {
     uint4 ent[SWEEP_PF];
     u64 dg;
     u32 cnt;
+    u32 ord;  // the row's input index (threads < 64): prefetched, so the keep list's store never waits on a load
 };
 
 __device__ __forceinline__ void sweep_load(int T, int m, const u64* __restrict__ diag, const u32* __restrict__ tilecnt,
-                                           const uint4* __restrict__ entries, int capt, SweepRegs& g) {
+                                           const uint4* __restrict__ entries, int capt, const u32* __restrict__ order,
+                                           SweepRegs& g) {
     const int tid = threadIdx.x;
     g.cnt = tilecnt[T];
     const int lim = min(capt, SWEEP_EPT);
@@ -439,13 +748,18 @@ __device__ __forceinline__ void sweep_load(int T, int m, const u64* __restrict__
         g.ent[q] = e < lim ? entries[(size_t)T * capt + e] : make_uint4(0, 0, 0, 0);
     }
     g.dg = 0;
+    g.ord = 0;
     if (tid < NMS_TILE) {
         int r = T * NMS_TILE + tid;
-        if (r < m) g.dg = diag[r];
+        if (r < m) {
+            g.dg = diag[r];
+            g.ord = order[r];
+        }
     }
 }
 
-__device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u64* s_diag, u32* s_nz, u32* s_cnt) {
+__device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u64* s_diag, u32* s_ord, u32* s_nz,
+                                            u32* s_cnt) {
     const int tid = threadIdx.x;
     const u32 cnt = g.cnt;
 #pragma unroll
@@ -455,6 +769,7 @@ __device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u6
     }
     if (tid < NMS_TILE) {
         s_diag[tid] = g.dg;
+        s_ord[tid] = g.ord;
         unsigned bal = __ballot_sync(FULL_MASK, g.dg != 0);
         if ((tid & 31) == 0) s_nz[tid >> 5] = bal;
     }
@@ -464,6 +779,7 @@ __device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u6
 struct SweepShared {
     uint4* ent;    // [2][EPT]
     u64* diag;     // [2][64]
+    u32* ord;      // [2][64]
     u64* removed;  // [wtiles]
 };
 
@@ -476,7 +792,7 @@ __device__ __forceinline__ bool sweep_tile(int T, int nt, int m, int post, const
                                            int* s_kc, int* s_stop, SweepRegs& P, SweepRegs& F) {
     const int tid = threadIdx.x;
     const int cur = T & 1, nxt = cur ^ 1;
-    if (T + 2 < nt) sweep_load(T + 2, m, diag, tilecnt, entries, capt, F);
+    if (T + 2 < nt) sweep_load(T + 2, m, diag, tilecnt, entries, capt, order, F);
     if (tid == 0) {
         const int rows = min(NMS_TILE, m - T * NMS_TILE);
         const u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
@@ -516,7 +832,7 @@ __device__ __forceinline__ bool sweep_tile(int T, int nt, int m, int post, const
     const int stop = *s_stop;
     if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
         int pos = *s_base + __popcll(kept & ((1ull << tid) - 1ull));
-        out[4 + pos] = order[T * NMS_TILE + tid];
+        out[4 + pos] = sh.ord[cur * NMS_TILE + tid];
     }
     if (kept != 0 && !stop) {
         const u32 cnt = min(s_cnt[cur], (u32)capt);
@@ -531,7 +847,8 @@ __device__ __forceinline__ bool sweep_tile(int T, int nt, int m, int post, const
             if ((kept >> v.x) & 1ull) atomicOr(&sh.removed[v.y], (u64)v.z | ((u64)v.w << 32));
         }
     }
-    if (T + 1 < nt) sweep_store(P, sh.ent + nxt * SWEEP_EPT, sh.diag + nxt * NMS_TILE, s_nz[nxt], &s_cnt[nxt]);
+    if (T + 1 < nt)
+        sweep_store(P, sh.ent + nxt * SWEEP_EPT, sh.diag + nxt * NMS_TILE, sh.ord + nxt * NMS_TILE, s_nz[nxt], &s_cnt[nxt]);
     __syncthreads();
     return stop != 0;
 }
@@ -545,7 +862,8 @@ nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __rest
     SweepShared sh;
     sh.ent = reinterpret_cast<uint4*>(smem);
     sh.diag = reinterpret_cast<u64*>(smem + 2 * SWEEP_EPT * sizeof(uint4));
-    sh.removed = sh.diag + 2 * NMS_TILE;
+    sh.ord = reinterpret_cast<u32*>(sh.diag + 2 * NMS_TILE);
+    sh.removed = reinterpret_cast<u64*>(sh.ord + 2 * NMS_TILE);
     __shared__ u32 s_nz[2][2];
     __shared__ u32 s_cnt[2];
     __shared__ u64 s_kept;
@@ -563,10 +881,10 @@ nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __rest
     }
     SweepRegs ga, gb;
     if (nt > 0) {
-        sweep_load(0, m, diag, tilecnt, entries, capt, ga);
-        sweep_store(ga, sh.ent, sh.diag, s_nz[0], &s_cnt[0]);
+        sweep_load(0, m, diag, tilecnt, entries, capt, order, ga);
+        sweep_store(ga, sh.ent, sh.diag, sh.ord, s_nz[0], &s_cnt[0]);
     }
-    if (nt > 1) sweep_load(1, m, diag, tilecnt, entries, capt, gb);
+    if (nt > 1) sweep_load(1, m, diag, tilecnt, entries, capt, order, gb);
     __syncthreads();
     for (int T = 0; T < nt; T += 2) {
         if (sweep_tile(T, nt, m, post, diag, tilecnt, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept, &s_base,

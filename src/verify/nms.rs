@@ -4,7 +4,7 @@
 use super::report::{BenchRow, CheckRow, Rng};
 use super::VerifyError;
 use crate::gpu::GpuContext;
-use crate::ops::nms::cuda::DeviceNms;
+use crate::ops::nms::cuda::{DeviceNms, Mask, Read};
 use crate::ops::nms::{nms as cpu_nms, validate_input, Box3d, NmsKind, NmsParams};
 use std::path::Path;
 
@@ -59,6 +59,29 @@ pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
     (boxes, scores, classes)
 }
 
+/// `n` boxes in `clusters` tight clusters (centres within 2 cm, sizes within 1 %), distinct scores.
+fn clustered_boxes(seed: u64, n: usize, clusters: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
+    let mut r = Rng::new(seed ^ 0x636c_7573_7465_7273);
+    let centres: Vec<(f32, f32, f32)> =
+        (0..clusters).map(|_| (r.f32(-60.0, 60.0), r.f32(-60.0, 60.0), r.f32(-3.1, 3.1))).collect();
+    let boxes = (0..n)
+        .map(|i| {
+            let (x, y, yaw) = centres[i % clusters];
+            Box3d::new(
+                x + r.f32(-0.01, 0.01),
+                y + r.f32(-0.01, 0.01),
+                0.0,
+                4.0 * r.f32(0.995, 1.005),
+                1.8 * r.f32(0.995, 1.005),
+                1.6,
+                yaw + r.f32(-0.01, 0.01),
+            )
+        })
+        .collect();
+    let scores = (0..n).map(|i| 1.0 - i as f32 / n as f32).collect();
+    (boxes, scores, vec![0; n])
+}
+
 fn compare_row(
     ctx: &GpuContext,
     dev: &mut DeviceNms,
@@ -95,7 +118,7 @@ fn compare_row(
     let g1 = dev.run(ctx, params)?;
     let g2 = dev.run(ctx, params)?;
     let identical = g1 == cpu;
-    let mut detail = format!("kept {} of {} candidates", cpu.keep.len(), cpu.candidates);
+    let mut detail = format!("kept {} of {} candidates, {:?} mask", cpu.keep.len(), cpu.candidates, dev.last_mask);
     if !identical {
         let first =
             g1.keep.iter().zip(&cpu.keep).position(|(a, b)| a != b).unwrap_or(g1.keep.len().min(cpu.keep.len()));
@@ -185,6 +208,25 @@ pub fn check_sizes(
                     &params,
                 )?);
             }
+        }
+    }
+    // Dense clusters: every box of a cluster suppresses the cluster's lower-ranked boxes, so the
+    // grouped mask's per-pair entries outgrow the first capacity (n = 20000, 100 clusters: a
+    // rerun with a larger one) or the dense mask's words (3000 copies of one box: the dense rerun).
+    for (n, clusters) in [(20_000, 100), (3000, 1)] {
+        let (boxes, scores, classes) = clustered_boxes(seed, n, clusters);
+        for kind in kinds {
+            let params = NmsParams::new(kind, default_threshold(kind));
+            rows.push(compare_row(
+                ctx,
+                &mut dev,
+                kind_name(kind),
+                format!("{clusters} clusters of {} boxes", n / clusters),
+                &boxes,
+                &scores,
+                &classes,
+                &params,
+            )?);
         }
     }
     // Invalid input is refused with the CPU's error.
@@ -416,23 +458,24 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
         let cpu = cpu_nms(&w.boxes, &w.scores, &[], &w.params)?;
         let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
         dev.upload(ctx, &w.boxes, &w.scores, &[])?;
-        let first = dev.run(ctx, &w.params)?; // warm-up; sizes the entry lists
+        let first = dev.run(ctx, &w.params)?; // warm-up; sizes the entry lists, chooses the mask
         for _ in 0..3 {
             dev.run(ctx, &w.params)?;
         }
+        let mask = dev.last_mask;
         let mut totals = Vec::with_capacity(RUNS);
         let mut stages: Vec<Vec<f64>> = vec![Vec::new(); 4];
         let mut names: Vec<String> = Vec::new();
         let mut same = first == cpu;
         for _ in 0..RUNS {
             let reruns = dev.reruns;
-            let l = dev.enqueue(ctx, &w.params, Some(&mut timer))?;
+            let l = dev.enqueue(ctx, &w.params, mask, Some(&mut timer))?;
             let st = timer.finish()?;
             let out = dev.read(ctx, l)?;
             if dev.reruns != reruns {
                 return Err(VerifyError::EntryListOverflow);
             }
-            same &= out.as_ref() == Some(&cpu);
+            same &= out == Read::Done(cpu.clone());
             totals.push(st.iter().map(|(_, ms)| *ms as f64).sum());
             for (k, (name, ms)) in st.iter().enumerate() {
                 if k < stages.len() {
@@ -444,6 +487,15 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
             }
         }
         let med = median(&mut totals);
+        // The other mask on the same boxes (for the choice in DeviceNms::first_mask).
+        let other = if mask == Mask::Grouped { Mask::Dense } else { Mask::Grouped };
+        let mut other_ms = Vec::with_capacity(RUNS);
+        for _ in 0..RUNS {
+            let l = dev.enqueue(ctx, &w.params, other, Some(&mut timer))?;
+            other_ms.push(timer.finish()?.iter().map(|(_, ms)| *ms as f64).sum());
+            let _ = dev.read(ctx, l)?;
+        }
+        let other_med = median(&mut other_ms);
         let stage_txt: Vec<String> =
             names.iter().zip(stages.iter_mut()).map(|(nm, v)| format!("{nm} {:.3}", median(v))).collect();
         let peer = w.peer_kept.map_or(String::new(), |k| format!(" (peers {k})"));
@@ -457,7 +509,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
             target_ms: w.target_ms,
             peer_ms: w.peer_ms,
             note: format!(
-                "kept {} of {}{peer}, keep == CPU: {}; stages ms: {}; CPU ref {:.1} ms",
+                "kept {} of {}{peer}, keep == CPU: {}; {mask:?} mask; stages ms: {}; {other:?} mask {other_med:.3} ms; CPU ref {:.1} ms",
                 first.keep.len(),
                 first.candidates,
                 if same { "yes" } else { "NO" },

@@ -3,31 +3,56 @@
 //!
 //! Everything after the upload runs on the device with no host round trip:
 //! 1. **sort**: a 64-bit key per box, `(!ordered(score) << 32) | index` for candidates
-//!    (`score >= score_threshold`, `-0.0` and `+0.0` tie), all ones otherwise; the rank of each
-//!    key is the number of smaller keys (an exact counting sort: keys are unique, so ranks are a
-//!    permutation, deterministic whatever the scheduling); `pre_max_size` keeps ranks below it.
-//! 2. **mask**: one 64-thread block per (row tile, column tile) of the upper triangle; the pair
-//!    test is the kind's exact f32 formula, with the BEV pre-filter first (bounding rectangles
-//!    must overlap strictly: IoU is 0 otherwise). Diagonal words go to a dense `diag` array; the
-//!    other words are stored only when non-zero, appended to the row tile's entry list (a sparse
-//!    mask: boxes far apart never produce an entry, so 20k boxes need ~MBs, not 50 MB).
-//! 3. **sweep**: one block walks the row tiles in rank order with the `removed` bitvector in
+//!    (`score >= score_threshold`, `-0.0` and `+0.0` tie), all ones otherwise. Tiles of 1024 keys
+//!    are sorted in shared memory, then each key's rank is its place in its tile plus a binary
+//!    search in every other tile: keys are unique, so the ranks are an exact permutation,
+//!    whatever the scheduling. `pre_max_size` keeps ranks below it.
+//! 2. **prep**: each candidate's exact f32 preparation, stored by rank. For the grouped mask also
+//!    a spatial order: the candidates sorted (as above) by the Morton code of their centre, cut
+//!    into groups of 64 with each group's culling rectangle (the union of its boxes' bounding
+//!    rectangles; the centres for circle NMS).
+//! 3. **mask**: bit (r, c) is set when rank r suppresses rank c > r (the kind's exact f32 test,
+//!    the BEV pre-filter first). Grouped (more than [`DENSE_MAX_TILES`] tiles): the pairs of
+//!    groups whose rectangles can hold a suppressing pair are listed (boxes far apart never
+//!    suppress each other, which the score order alone cannot exploit) and the mask's blocks
+//!    stride over them, one entry per suppressing pair. Dense (small inputs, or when the pairs would outnumber the dense mask's
+//!    words, e.g. thousands of copies of one box): one 64-thread block per (row tile, column
+//!    tile) of the upper triangle in rank order, one entry per non-zero word. Either way the
+//!    same-tile words go to a dense `diag` array and the other entries are appended to their row
+//!    tile's list (sparse: 20k boxes need MBs, not the 50 MB of a full mask).
+//! 4. **sweep**: one block walks the row tiles in rank order with the `removed` bitvector in
 //!    shared memory: a tile's kept rows follow from its removed word and the diagonal words (only
 //!    kept rows with a non-zero diagonal word are visited), then the kept rows' entries are OR-ed
 //!    into `removed`; the next tile's entries are prefetched meanwhile. `post_max_size` stops it.
-//! 4. the kept input indices and their count are the only data copied back.
+//! 5. the kept input indices and their count are the only data copied back.
 //!
 //! A row tile whose entries exceed the list capacity is detected (an overflow counter); the run
-//! is then repeated once with a large enough capacity, so the result never depends on it.
+//! is then repeated once with a large enough capacity (or with the dense mask, see above), so the
+//! result never depends on it. Both are counted ([`DeviceNms::reruns`], [`DeviceNms::dense_reruns`]).
 
 use super::{Box3d, NmsKind, NmsOutput, NmsParams};
 use crate::gpu::{GpuContext, GpuError, GrowBuffer, StageTimer};
-use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 
 /// Boxes per tile = threads of a mask block (`NMS_TILE` in cuda/nms.cu): one u64 mask word.
 const TILE: usize = 64;
 /// Threads of the key, rank and prep blocks (`NMS_AUX_BLOCK` in cuda/nms.cu).
 const AUX_BLOCK: u32 = 256;
+/// Keys per sorted tile = threads of its block (`SORT_TILE` in cuda/nms.cu).
+const SORT_TILE: usize = 1024;
+/// `nms_merge_rank` modes (cuda/nms.cu).
+const RANK_OF_LOW: i32 = 0;
+const LOW_BY_RANK: i32 = 1;
+/// Counter words (`counters` in cuda/nms.cu: candidates, overflow, spare, centre bounds).
+const COUNTERS: usize = 8;
+/// Up to this many row tiles (4096 candidates) the dense mask runs: its few blocks cost less than
+/// the grouped mask's extra launches (the spatial sort, the groups, their pairs). On the H200
+/// (BENCHMARKS.md 2026-12-02) 4096 boxes took 0.140 ms dense vs 0.244 grouped (rotated), 10k
+/// boxes 0.270 vs 0.236 (axis-aligned).
+pub const DENSE_MAX_TILES: usize = 64;
+/// Above this many row tiles (262,144 candidates) the dense mask runs too: the grouped mask's
+/// list of group pairs is sized for every pair (8 bytes each, 64 MiB here).
+pub const GROUPED_MAX_TILES: usize = 4096;
 /// Must match SWEEP_THREADS / SWEEP_EPT in cuda/nms.cu.
 const SWEEP_THREADS: u32 = 512;
 const SWEEP_EPT: usize = 2048;
@@ -43,7 +68,14 @@ pub struct DeviceNms {
     scores: GrowBuffer<f32>,
     classes: GrowBuffer<i32>,
     keys: GrowBuffer<u64>,
+    sorted: GrowBuffer<u64>,
     rank: GrowBuffer<u32>,
+    spatial_keys: GrowBuffer<u64>,
+    spatial_order: GrowBuffer<u32>,
+    spatial_prep: GrowBuffer<f32>,
+    spatial_rank: GrowBuffer<u32>,
+    group_rects: GrowBuffer<f32>,
+    group_pairs: GrowBuffer<u32>,
     order: GrowBuffer<u32>,
     prep: GrowBuffer<f32>,
     diag: GrowBuffer<u64>,
@@ -55,13 +87,34 @@ pub struct DeviceNms {
     smem_attr: usize,
     /// Runs repeated because a row tile's entry list overflowed.
     pub reruns: u64,
+    /// Runs repeated with the dense mask because the grouped mask's pairs outnumbered its words.
+    pub dense_reruns: u64,
+    /// The mask of the last completed run.
+    pub last_mask: Mask,
+}
+
+/// Which suppression mask a run builds (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mask {
+    Grouped,
+    Dense,
+}
+
+/// What [`DeviceNms::read`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Read {
+    Done(NmsOutput),
+    /// An entry list overflowed (its capacity is grown): run again with this mask.
+    Rerun(Mask),
 }
 
 /// What one enqueued run needs to read its result.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Launched {
     pre: usize,
+    tiles: usize,
     tile_capacity: usize,
+    mask: Mask,
 }
 
 impl DeviceNms {
@@ -73,17 +126,26 @@ impl DeviceNms {
             scores: GrowBuffer::new(s, 0)?,
             classes: GrowBuffer::new(s, 1)?,
             keys: GrowBuffer::new(s, 0)?,
+            sorted: GrowBuffer::new(s, 0)?,
             rank: GrowBuffer::new(s, 0)?,
+            spatial_keys: GrowBuffer::new(s, 0)?,
+            spatial_order: GrowBuffer::new(s, 0)?,
+            spatial_prep: GrowBuffer::new(s, 0)?,
+            spatial_rank: GrowBuffer::new(s, 0)?,
+            group_rects: GrowBuffer::new(s, 0)?,
+            group_pairs: GrowBuffer::new(s, 0)?,
             order: GrowBuffer::new(s, 0)?,
             prep: GrowBuffer::new(s, 0)?,
             diag: GrowBuffer::new(s, 0)?,
             tilecnt: GrowBuffer::new(s, 0)?,
             entries: GrowBuffer::new(s, 0)?,
-            counters: GrowBuffer::new(s, 4)?,
+            counters: GrowBuffer::new(s, COUNTERS)?,
             out: GrowBuffer::new(s, 4)?,
             tile_capacity: INITIAL_TILE_CAPACITY,
             smem_attr: 0,
             reruns: 0,
+            dense_reruns: 0,
+            last_mask: Mask::Dense,
         })
     }
 
@@ -115,12 +177,23 @@ impl DeviceNms {
         Ok(())
     }
 
+    /// The mask a run on these boxes starts with.
+    pub fn first_mask(params: &NmsParams, boxes: usize) -> Mask {
+        let pre = params.pre_max_size.unwrap_or(usize::MAX).min(boxes);
+        if (DENSE_MAX_TILES + 1..=GROUPED_MAX_TILES).contains(&pre.div_ceil(TILE)) {
+            Mask::Grouped
+        } else {
+            Mask::Dense
+        }
+    }
+
     /// Enqueues the whole device NMS on the uploaded boxes (no synchronisation). With a timer,
     /// records the stages `sort`, `prep`, `mask`, `sweep`.
     pub(crate) fn enqueue(
         &mut self,
         ctx: &GpuContext,
         params: &NmsParams,
+        mask: Mask,
         mut timer: Option<&mut StageTimer>,
     ) -> Result<Launched, GpuError> {
         let s = &ctx.stream;
@@ -128,11 +201,11 @@ impl DeviceNms {
         let pre = params.pre_max_size.unwrap_or(usize::MAX).min(n);
         let post = params.post_max_size.unwrap_or(usize::MAX).min(n).min(i32::MAX as usize);
         let wt = pre.div_ceil(TILE);
-        if n > i32::MAX as usize {
+        if n > i32::MAX as usize - SORT_TILE {
             return Err(GpuError::TooLarge {
                 what: "GPU NMS boxes (32-bit indices)",
                 value: n as u64,
-                limit: i32::MAX as u64,
+                limit: (i32::MAX as usize - SORT_TILE) as u64,
             });
         }
         if wt > MAX_TILES {
@@ -146,8 +219,8 @@ impl DeviceNms {
         if let Some(t) = timer.as_deref_mut() {
             t.start()?;
         }
-        let counters = self.counters.ensure(s, 4)?;
-        s.memset_zeros(&mut counters.slice_mut(..4))?;
+        let counters = self.counters.ensure(s, COUNTERS)?;
+        s.memset_zeros(&mut counters.slice_mut(..COUNTERS))?;
         let keys = self.keys.ensure(s, n)?;
         let rank = self.rank.ensure(s, n)?;
         let tilecnt = self.tilecnt.ensure(s, wt.max(1))?;
@@ -156,37 +229,29 @@ impl DeviceNms {
         let diag = self.diag.ensure(s, TILE * wt.max(1))?;
         let entries = self.entries.ensure(s, 4 * capt * wt.max(1))?;
         let out = self.out.ensure(s, 4 + pre)?;
+        let boxes = self.boxes.ensure(s, 7 * n)?;
         let (n_i, pre_i, post_i, wt_i, capt_i) = (n as i32, pre as i32, post as i32, wt as i32, capt as i32);
-        let bx = n.div_ceil(AUX_BLOCK as usize) as u32;
+        let aux = |items: usize| LaunchConfig {
+            grid_dim: (items.div_ceil(AUX_BLOCK as usize).max(1) as u32, 1, 1),
+            block_dim: (AUX_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
 
         // 1. keys, ranks
         {
             let f = ctx.function("nms", "nms_keys")?;
             let mut l = s.launch_builder(&f);
             let st = params.score_threshold;
-            l.arg(&*self.scores.ensure(s, n)?).arg(&n_i).arg(&st).arg(&mut *keys).arg(&mut *rank);
+            l.arg(&*self.scores.ensure(s, n)?).arg(&n_i).arg(&st).arg(&mut *keys);
             l.arg(&mut *tilecnt).arg(&wt_i).arg(&mut *counters);
-            let cfg = LaunchConfig { grid_dim: (bx, 1, 1), block_dim: (AUX_BLOCK, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: argument types/order match nms_keys; keys, rank >= n, tilecnt >= wt, counters >= 4.
-            unsafe { l.launch(cfg) }?;
+            // SAFETY: argument types/order match nms_keys; keys >= n, tilecnt >= wt, counters >= 8.
+            unsafe { l.launch(aux(n.max(wt))) }?;
         }
-        {
-            let f = ctx.function("nms", "nms_rank")?;
-            let target_blocks = 8 * ctx.sm_count.max(1) as u32;
-            let chunks = target_blocks.div_ceil(bx).clamp(1, bx);
-            let chunk_tiles = bx.div_ceil(chunks);
-            let chunks = bx.div_ceil(chunk_tiles);
-            let chunk_i = chunk_tiles as i32;
-            let mut l = s.launch_builder(&f);
-            l.arg(&*keys).arg(&n_i).arg(&chunk_i).arg(&mut *rank);
-            let cfg = LaunchConfig { grid_dim: (bx, chunks, 1), block_dim: (AUX_BLOCK, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: matches nms_rank; keys and rank hold n elements.
-            unsafe { l.launch(cfg) }?;
-        }
+        sort_keys(ctx, &mut self.sorted, keys, None, n, RANK_OF_LOW, rank)?;
         if let Some(t) = timer.as_deref_mut() {
             t.stage("sort")?;
         }
-        // 2. order + per-box preparation
+        // 2. order + per-box preparation (+ the spatial order of the grouped mask)
         let kind_i: i32 = match params.kind {
             NmsKind::AxisAligned => 0,
             NmsKind::RotatedBev => 1,
@@ -196,37 +261,98 @@ impl DeviceNms {
             let f = ctx.function("nms", "nms_prep")?;
             let ca = params.class_aware as i32;
             let mut l = s.launch_builder(&f);
-            l.arg(&*self.boxes.ensure(s, 7 * n)?).arg(&*self.classes.ensure(s, 1)?).arg(&ca).arg(&kind_i).arg(&n_i);
-            l.arg(&pre_i).arg(&*keys).arg(&*rank).arg(&mut *order).arg(&mut *prep);
-            let cfg = LaunchConfig { grid_dim: (bx, 1, 1), block_dim: (AUX_BLOCK, 1, 1), shared_mem_bytes: 0 };
+            l.arg(&*boxes).arg(&*self.classes.ensure(s, 1)?).arg(&ca).arg(&kind_i).arg(&n_i);
+            l.arg(&pre_i).arg(&*keys).arg(&*rank).arg(&mut *order).arg(&mut *prep).arg(&mut *counters);
             // SAFETY: matches nms_prep; classes hold n elements when class_aware (checked by the
-            // caller), order >= pre, prep >= 12 * pre.
+            // caller), order >= pre, prep >= 12 * pre, counters >= 8.
+            unsafe { l.launch(aux(n)) }?;
+        }
+        let grouped = mask == Mask::Grouped && (1..=GROUPED_MAX_TILES).contains(&wt);
+        if grouped {
+            let skeys = self.spatial_keys.ensure(s, pre)?;
+            {
+                let f = ctx.function("nms", "nms_morton")?;
+                let mut l = s.launch_builder(&f);
+                l.arg(&*boxes).arg(&*order).arg(&*counters).arg(&pre_i).arg(&mut *skeys);
+                // SAFETY: matches nms_morton; order holds the candidates' indices (< n), skeys >= pre.
+                unsafe { l.launch(aux(pre)) }?;
+            }
+            let sp = self.spatial_order.ensure(s, pre)?;
+            sort_keys(ctx, &mut self.sorted, skeys, Some(&*counters), pre, LOW_BY_RANK, sp)?;
+            let f = ctx.function("nms", "nms_groups")?;
+            let mut l = s.launch_builder(&f);
+            l.arg(&*prep).arg(&*sp).arg(&*counters).arg(&pre_i).arg(&kind_i);
+            l.arg(&mut *self.spatial_prep.ensure(s, 12 * TILE * wt)?).arg(&mut *self.spatial_rank.ensure(s, TILE * wt)?);
+            l.arg(&mut *self.group_rects.ensure(s, 4 * wt)?).arg(&mut *diag);
+            let cfg = LaunchConfig { grid_dim: (wt as u32, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: matches nms_groups; sp holds the spatial order (< pre entries, each < pre),
+            // spatial_prep >= 12 * 64 * wt, spatial_rank >= 64 * wt, group_rects >= 4 * wt, diag >= 64 * wt.
             unsafe { l.launch(cfg) }?;
         }
         if let Some(t) = timer.as_deref_mut() {
             t.stage("prep")?;
         }
-        // 3. mask over the upper triangle of row/column tiles
+        // 3. mask
         {
-            let name = match params.kind {
-                NmsKind::AxisAligned => "nms_mask_aa",
-                NmsKind::RotatedBev => "nms_mask_rot",
-                NmsKind::Circle => "nms_mask_circle",
-            };
-            let f = ctx.function("nms", name)?;
             let t = match params.kind {
                 NmsKind::Circle => params.threshold * params.threshold,
                 _ => params.threshold,
             };
-            let blocks = (wt * (wt + 1) / 2) as u32;
-            let (mut cnt_view, mut ovf_view) = counters.split_at_mut(1);
-            let mut l = s.launch_builder(&f);
-            l.arg(&*prep).arg(&mut cnt_view).arg(&pre_i).arg(&wt_i).arg(&t).arg(&mut *diag).arg(&mut *tilecnt);
-            l.arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
-            let cfg =
-                LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: matches the mask kernels; diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
-            unsafe { l.launch(cfg) }?;
+            if grouped {
+                // The circle groups' gap bound (cuda/nms.cu `groups_interact`).
+                let tt = if t.is_infinite() { f32::INFINITY } else { params.threshold * 1.0001 };
+                let max_pairs = wt * (wt + 1) / 2;
+                let pairs = self.group_pairs.ensure(s, 2 * max_pairs)?;
+                let rects = self.group_rects.ensure(s, 4 * wt)?;
+                {
+                    let f = ctx.function("nms", "nms_group_pairs")?;
+                    let mut l = s.launch_builder(&f);
+                    l.arg(&*rects).arg(&mut *counters).arg(&pre_i).arg(&kind_i).arg(&tt).arg(&mut *pairs);
+                    let cfg = LaunchConfig {
+                        grid_dim: (wt.div_ceil(AUX_BLOCK as usize) as u32, wt as u32, 1),
+                        block_dim: (AUX_BLOCK, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: matches nms_group_pairs; group_rects >= 4 * wt, pairs holds every
+                    // (g, h >= g) pair of the wt groups.
+                    unsafe { l.launch(cfg) }?;
+                }
+                let name = match params.kind {
+                    NmsKind::AxisAligned => "nms_mask_grouped_aa",
+                    NmsKind::RotatedBev => "nms_mask_grouped_rot",
+                    NmsKind::Circle => "nms_mask_grouped_circle",
+                };
+                let f = ctx.function("nms", name)?;
+                let (mut cnt_view, mut ovf_view) = counters.split_at_mut(1);
+                let mut l = s.launch_builder(&f);
+                l.arg(&*self.spatial_prep.ensure(s, 12 * TILE * wt)?).arg(&*self.spatial_rank.ensure(s, TILE * wt)?);
+                l.arg(&*pairs).arg(&mut cnt_view).arg(&pre_i).arg(&t);
+                l.arg(&mut *diag).arg(&mut *tilecnt).arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
+                let blocks = max_pairs.min(32 * ctx.sm_count.max(1) as usize) as u32;
+                let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: matches the grouped mask kernels; the spatial arrays and the pairs were
+                // written above, diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
+                unsafe { l.launch(cfg) }?;
+            } else {
+                let (mut cnt_view, mut ovf_view) = counters.split_at_mut(1);
+                let name = match params.kind {
+                    NmsKind::AxisAligned => "nms_mask_aa",
+                    NmsKind::RotatedBev => "nms_mask_rot",
+                    NmsKind::Circle => "nms_mask_circle",
+                };
+                let f = ctx.function("nms", name)?;
+                let blocks = (wt * (wt + 1) / 2) as u32;
+                let mut l = s.launch_builder(&f);
+                l.arg(&*prep).arg(&mut cnt_view).arg(&pre_i).arg(&wt_i).arg(&t).arg(&mut *diag).arg(&mut *tilecnt);
+                l.arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks.max(1), 1, 1),
+                    block_dim: (TILE as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: matches the mask kernels; diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
+                unsafe { l.launch(cfg) }?;
+            }
         }
         if let Some(t) = timer.as_deref_mut() {
             t.stage("mask")?;
@@ -234,7 +360,7 @@ impl DeviceNms {
         // 4. sweep
         {
             let f = ctx.function("nms", "nms_sweep")?;
-            let smem = 2 * SWEEP_EPT * 16 + 2 * TILE * 8 + wt.max(1) * 8;
+            let smem = 2 * SWEEP_EPT * 16 + 2 * TILE * (8 + 4) + wt.max(1) * 8;
             if smem > self.smem_attr {
                 let max =
                     ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
@@ -265,28 +391,37 @@ impl DeviceNms {
         if let Some(t) = timer {
             t.stage("sweep")?;
         }
-        Ok(Launched { pre, tile_capacity: capt })
+        Ok(Launched { pre, tiles: wt, tile_capacity: capt, mask: if grouped { Mask::Grouped } else { Mask::Dense } })
     }
 
-    /// Reads the result of an enqueued run: Ok(None) when a row tile overflowed (capacity grown).
-    pub(crate) fn read(&mut self, ctx: &GpuContext, l: Launched) -> Result<Option<NmsOutput>, GpuError> {
+    /// Reads the result of an enqueued run, or says how to run again when a row tile overflowed
+    /// (its capacity is grown; a grouped run whose pairs outnumber the dense mask's words on some
+    /// row tile goes dense).
+    pub(crate) fn read(&mut self, ctx: &GpuContext, l: Launched) -> Result<Read, GpuError> {
         let s = &ctx.stream;
-        let counters = s.clone_dtoh(&self.counters.ensure(s, 4)?.slice(..4))?;
+        let counters = s.clone_dtoh(&self.counters.ensure(s, COUNTERS)?.slice(..COUNTERS))?;
         let head = s.clone_dtoh(&self.out.ensure(s, 4 + l.pre)?.slice(..4))?;
         s.synchronize()?;
         let overflow = counters[1] as usize;
         if overflow > l.tile_capacity {
-            self.tile_capacity = overflow.next_multiple_of(1024).max(l.tile_capacity * 2);
-            self.reruns += 1;
-            tracing::debug!(capacity = self.tile_capacity, "NMS tile entry list grown, rerun");
-            return Ok(None);
+            // A dense row tile holds at most one entry per (row, column tile) word.
+            let next = if l.mask == Mask::Grouped && overflow > TILE * l.tiles { Mask::Dense } else { l.mask };
+            if next == l.mask {
+                self.tile_capacity = overflow.next_multiple_of(1024).max(l.tile_capacity * 2);
+                self.reruns += 1;
+            } else {
+                self.dense_reruns += 1;
+            }
+            tracing::debug!(capacity = self.tile_capacity, mask = ?next, "NMS tile entry list overflowed, rerun");
+            return Ok(Read::Rerun(next));
         }
         let kept = head[0] as usize;
         let m = head[1] as usize;
         let keep =
             if kept == 0 { Vec::new() } else { s.clone_dtoh(&self.out.ensure(s, 4 + l.pre)?.slice(4..4 + kept))? };
         s.synchronize()?;
-        Ok(Some(NmsOutput { keep, candidates: m }))
+        self.last_mask = l.mask;
+        Ok(Read::Done(NmsOutput { keep, candidates: m }))
     }
 
     /// Runs the NMS on the uploaded boxes and returns the keep list (input indices, rank order).
@@ -304,11 +439,58 @@ impl DeviceNms {
         if self.n == 0 {
             return Ok(NmsOutput { keep: Vec::new(), candidates: 0 });
         }
+        let mut mask = Self::first_mask(params, self.n);
         loop {
-            let l = self.enqueue(ctx, params, timer.as_deref_mut())?;
-            if let Some(out) = self.read(ctx, l)? {
-                return Ok(out);
+            let l = self.enqueue(ctx, params, mask, timer.as_deref_mut())?;
+            match self.read(ctx, l)? {
+                Read::Done(out) => return Ok(out),
+                Read::Rerun(next) => mask = next,
             }
         }
     }
+}
+
+/// Sorts `len` unique 64-bit keys (`len_on_device`: fewer, the count the device holds) and writes
+/// each key's rank as `mode` says (`nms_merge_rank` in cuda/nms.cu). `sorted` is scratch.
+fn sort_keys(
+    ctx: &GpuContext,
+    sorted: &mut GrowBuffer<u64>,
+    keys: &CudaSlice<u64>,
+    len_on_device: Option<&CudaSlice<u32>>,
+    len: usize,
+    mode: i32,
+    out: &mut CudaSlice<u32>,
+) -> Result<(), GpuError> {
+    let s = &ctx.stream;
+    let tiles = len.div_ceil(SORT_TILE).max(1);
+    let sorted = sorted.ensure(s, tiles * SORT_TILE)?;
+    let len_i = len as i32;
+    {
+        let f = ctx.function("nms", "nms_sort_tiles")?;
+        let mut l = s.launch_builder(&f);
+        l.arg(keys);
+        match len_on_device {
+            Some(c) => l.arg(c),
+            None => l.arg(&0u64),
+        };
+        l.arg(&len_i).arg(&mut *sorted);
+        let cfg = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (SORT_TILE as u32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches nms_sort_tiles (a null count pointer when the length is `len`); keys
+        // hold >= len keys, sorted tiles * SORT_TILE.
+        unsafe { l.launch(cfg) }?;
+    }
+    let f = ctx.function("nms", "nms_merge_rank")?;
+    let tiles_i = tiles as i32;
+    let mut l = s.launch_builder(&f);
+    l.arg(&*sorted).arg(&tiles_i).arg(&mode).arg(out);
+    let cfg = LaunchConfig {
+        // One warp per sorted slot.
+        grid_dim: ((tiles * SORT_TILE * 32).div_ceil(AUX_BLOCK as usize) as u32, 1, 1),
+        block_dim: (AUX_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches nms_merge_rank; out is indexed by the keys' low words (box indices < its
+    // length) or by ranks (< len <= its length).
+    unsafe { l.launch(cfg) }?;
+    Ok(())
 }
