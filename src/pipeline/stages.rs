@@ -9,7 +9,6 @@ use crate::cloud::{Cloud, CloudMessage, CloudView, Datatype, SourceIndex};
 use crate::ops::backend::Backend;
 use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
-use crate::ops::neighbors::NeighborResult;
 use crate::ops::voxel::{DynamicVoxels, FeaturesLayout};
 
 /// Output topics, relative to the output namespace.
@@ -274,18 +273,11 @@ pub fn run<B: Backend>(
             let indices = timed(t, "fps", || backend.fps_indices(&on_backend))?;
             debug_assert_eq!(without_padding(&indices).len(), queries, "FPS of min(K, N) pads only an empty cloud");
             let neighborhoods = match search {
-                Some(search) => Some(timed(t, "neighbors", || -> Result<_, FrameError> {
-                    Ok(match backend.neighbors_to_host(search)? {
-                        NeighborResult::Knn(n) => {
-                            let found = n.indices.iter().filter(|&&i| i >= 0).count();
-                            Neighborhoods { indices: n.indices, width: n.width, found }
-                        }
-                        NeighborResult::Ball(b) => {
-                            let found = b.counts.iter().map(|&c| c as usize).sum();
-                            Neighborhoods { indices: b.indices, width: b.width, found }
-                        }
-                    })
-                })?),
+                Some(search) => {
+                    let p = timed(t, "neighbors", || backend.neighbors_published(fps_cloud, &on_backend, search, h))?;
+                    messages.push((NEIGHBORHOODS_TOPIC, p.message));
+                    Some(Neighborhoods { indices: p.indices, width: p.width, found: p.found })
+                }
                 None => None,
             };
             (Some(indices), neighborhoods)
@@ -300,10 +292,6 @@ pub fn run<B: Backend>(
 
     timed(t, "encode", || -> Result<(), FrameError> {
         let valid_samples = samples.as_deref().map(without_padding);
-        let neighborhoods_message = match (valid_samples, &neighborhoods) {
-            (Some(s), Some(n)) => Some(backend.neighborhoods_message(fps_cloud, s, &n.indices, n.width, h)?),
-            _ => None,
-        };
         // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
         let downsampled_view = downsampled_message.as_ref().map(CloudMessage::view);
         let identity = SourceIndex::Identity;
@@ -327,7 +315,6 @@ pub fn run<B: Backend>(
         drop(downsampled_view);
         messages.extend(downsampled_message.map(|m| (DOWNSAMPLED_TOPIC, m)));
         messages.extend(samples_message.map(|m| (SAMPLES_TOPIC, m)));
-        messages.extend(neighborhoods_message.map(|m| (NEIGHBORHOODS_TOPIC, m)));
         if let Some((d, c)) = detect_messages {
             messages.extend([(DETECTIONS_TOPIC, d), (CLUSTERS_TOPIC, c)]);
         }

@@ -1,10 +1,12 @@
 //! The CPU reference backend: the operators of `ops`, on host clouds.
 
 use super::{Backend, OpError};
-use crate::cloud::{Cloud, CloudMessage, CloudView, Header};
+use crate::cloud::{Cloud, CloudView, Header};
 use crate::ops::detect::{detect, DetectParams, Detections};
 use crate::ops::fps::{farthest_point_sample, FpsParams};
-use crate::ops::neighbors::{ball_query, knn, neighborhoods_message, BallQueryParams, KnnParams, NeighborResult};
+use crate::ops::neighbors::{
+    ball_query, knn, neighborhoods_message, BallQueryParams, KnnParams, NeighborResult, PublishedNeighbors,
+};
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{
     pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, FeaturesLayout, HardVoxelParams,
@@ -126,19 +128,16 @@ impl Backend for CpuBackend {
     ) -> Result<NeighborResult, OpError> {
         Ok(NeighborResult::Ball(ball_query(&points.cloud, &points.queries(samples, queries), params)?))
     }
-    fn neighbors_to_host(&mut self, neighbors: NeighborResult) -> Result<NeighborResult, OpError> {
-        Ok(neighbors)
-    }
-
-    fn neighborhoods_message(
+    fn neighbors_published(
         &mut self,
         points: &HostPoints,
-        samples: &[i32],
-        indices: &[i32],
-        width: usize,
+        samples: &Vec<i32>,
+        neighbors: NeighborResult,
         header: &Header,
-    ) -> Result<CloudMessage, OpError> {
-        Ok(neighborhoods_message(header, |i| points.cloud.point(i), samples, indices, width))
+    ) -> Result<PublishedNeighbors, OpError> {
+        let (indices, width, found) = neighbors.into_published();
+        let message = neighborhoods_message(header, |i| points.cloud.point(i), samples, &indices, width);
+        Ok(PublishedNeighbors { indices, width, found, message })
     }
 
     fn detect(&mut self, points: &HostPoints, params: &DetectParams) -> Result<Detections, OpError> {

@@ -8,7 +8,7 @@
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
 
 use super::{Backend, OpError};
-use crate::cloud::{CloudMessage, CloudView, Header};
+use crate::cloud::{CloudView, Header};
 use crate::gpu::{
     select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext,
     GpuError, GrowBuffer, ProfileChoice,
@@ -18,9 +18,9 @@ use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::cuda::{
-    ball_query_download, ball_query_enqueue, knn_download, knn_enqueue, NeighborsScratch,
+    ball_query_enqueue, knn_enqueue, NeighborsScratch,
 };
-use crate::ops::neighbors::{neighborhoods_message_in, BallQueryParams, KnnParams, NeighborResult};
+use crate::ops::neighbors::{neighborhoods_message_in, BallQueryParams, KnnParams, PublishedNeighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::cuda::{GpuVoxelizer, PerPoint};
@@ -280,28 +280,32 @@ impl Backend for CudaBackend {
         ball_query_enqueue(ctx, neighbors, points.xyz()?, q, params)?;
         Ok(Search::Ball { nsample: params.nsample })
     }
-    fn neighbors_to_host(&mut self, search: Search) -> Result<NeighborResult, OpError> {
-        Ok(match search {
-            Search::Knn { k } => NeighborResult::Knn(knn_download(&self.ctx, &mut self.neighbors, k)?),
-            Search::Ball { nsample } => {
-                NeighborResult::Ball(ball_query_download(&self.ctx, &mut self.neighbors, nsample)?)
-            }
-        })
-    }
-
-    fn neighborhoods_message(
+    fn neighbors_published(
         &mut self,
         points: &DevicePoints,
-        _samples: &[i32],
-        indices: &[i32],
-        width: usize,
+        _: &(),
+        search: Search,
         header: &Header,
-    ) -> Result<CloudMessage, OpError> {
+    ) -> Result<PublishedNeighbors, OpError> {
         let ctx = &self.ctx;
-        let mut msg = neighborhoods_message_in(header, indices, width, |len| ctx.output_pool.take(len));
-        let slots = indices.len();
+        let stream = &ctx.stream;
+        let (rows, width) = self.neighbors.shape();
+        let slots = rows * width;
+        let mut message = neighborhoods_message_in(header, rows, width, |len| ctx.output_pool.take(len));
+        // The indices and (ball query) counts come back through page-locked buffers too, in the
+        // same wait as the records.
+        let mut indices_bytes = ctx.output_pool.take(4 * slots);
+        let ball = matches!(search, Search::Ball { .. });
+        let mut counts_bytes = ball.then(|| ctx.output_pool.take(4 * rows));
         if slots > 0 {
-            let stream = &ctx.stream;
+            if let Some(counts_bytes) = counts_bytes.as_mut() {
+                let counts = self.neighbors.counts(ctx)?;
+                let (counts_ptr, _c) = counts.device_ptr(stream);
+                // SAFETY: the device buffer holds the search's 4 * rows count bytes; the host
+                // buffer is not touched before the stream is synchronised below.
+                unsafe { drv::memcpy_dtoh_async(&mut counts_bytes[..], counts_ptr, stream.cu_stream()) }
+                    .map_err(GpuError::from)?;
+            }
             let xyz = points.xyz()?;
             let out = self.records.ensure(stream, 6 * slots)?;
             let idx = self.neighbors.indices(ctx)?;
@@ -317,13 +321,27 @@ impl Backend for CudaBackend {
             // 6 * slots words.
             unsafe { l.launch(cfg) }.map_err(GpuError::from)?;
             drop(l);
-            let (src, _record) = out.device_ptr(stream);
-            // SAFETY: `src` holds the records' 24 * slots bytes (little endian like the device);
-            // the message bytes are not touched before the stream is synchronised below.
-            unsafe { drv::memcpy_dtoh_async(msg.data_mut(), src, stream.cu_stream()) }.map_err(GpuError::from)?;
+            let (records, _r) = out.device_ptr(stream);
+            let (idx_ptr, _i) = idx.device_ptr(stream);
+            // SAFETY: the device buffers hold the records' 24 * slots bytes and the 4 * slots
+            // index bytes (little endian like the host); the host buffers are not touched before
+            // the stream is synchronised below.
+            unsafe {
+                drv::memcpy_dtoh_async(message.data_mut(), records, stream.cu_stream()).map_err(GpuError::from)?;
+                drv::memcpy_dtoh_async(&mut indices_bytes[..], idx_ptr, stream.cu_stream()).map_err(GpuError::from)?;
+            }
             stream.synchronize().map_err(GpuError::from)?;
         }
-        Ok(msg)
+        fn words(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
+            b.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
+        }
+        let indices: Vec<i32> = words(&indices_bytes).map(|w| w as i32).collect();
+        let found = match &counts_bytes {
+            Some(counts) => words(counts).map(|c| c as usize).sum(),
+            None => indices.iter().filter(|&&i| i >= 0).count(),
+        };
+        message.set_dense(!indices.iter().any(|&i| i < 0));
+        Ok(PublishedNeighbors { indices, width, found, message })
     }
 
     fn detect(&mut self, points: &DevicePoints, params: &DetectParams) -> Result<Detections, OpError> {

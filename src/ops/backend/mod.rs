@@ -18,13 +18,13 @@ pub use cuda::{CudaBackend, DevicePoints};
 
 use super::detect::{DetectParams, Detections};
 use super::fps::FpsParams;
-use super::neighbors::{BallQueryParams, KnnParams, NeighborResult};
+use super::neighbors::{BallQueryParams, KnnParams, PublishedNeighbors};
 use super::nms::{Box3d, NmsError, NmsOutput, NmsParams};
 use super::voxel::{
     DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
 };
 use super::ParamError;
-use crate::cloud::{CloudMessage, CloudView, Header};
+use crate::cloud::{CloudView, Header};
 use crate::gpu::GpuError;
 
 /// An operator failure, the same type on every backend.
@@ -121,7 +121,7 @@ pub trait Backend {
     /// The indices of `samples` on the host (published); waits for the device.
     fn fps_indices(&mut self, samples: &Self::Samples) -> Result<Vec<i32>, OpError>;
     /// KNN of the first `queries` sampled points (the non-padding ones) into `points`. On CUDA
-    /// only enqueued, behind the FPS that made `samples`, until [`Self::neighbors_to_host`].
+    /// only enqueued, behind the FPS that made `samples`, until [`Self::neighbors_published`].
     fn knn(
         &mut self,
         points: &Self::Points,
@@ -136,20 +136,17 @@ pub trait Backend {
         queries: usize,
         params: &BallQueryParams,
     ) -> Result<Self::Neighbors, OpError>;
-    /// A neighbour search's result on the host; waits for the device.
-    fn neighbors_to_host(&mut self, neighbors: Self::Neighbors) -> Result<NeighborResult, OpError>;
-
-    /// The `neighborhoods` message ([`super::neighbors::neighborhoods_message`]) of the last
-    /// neighbour search (`indices`, `width` per row, as it returned them) around the FPS samples
-    /// (`samples`, on the host), x, y, z from `points`, the cloud it searched.
-    fn neighborhoods_message(
+    /// A neighbour search (KNN or ball query as it returned it) as published: its indices on the
+    /// host and its `neighborhoods` message ([`super::neighbors::neighborhoods_message`]) around
+    /// the FPS `samples`, x, y, z from `points`, the cloud it searched. Waits for the device
+    /// once: on CUDA the records are written by a kernel and copied with the indices in one go.
+    fn neighbors_published(
         &mut self,
         points: &Self::Points,
-        samples: &[i32],
-        indices: &[i32],
-        width: usize,
+        samples: &Self::Samples,
+        neighbors: Self::Neighbors,
         header: &Header,
-    ) -> Result<CloudMessage, OpError>;
+    ) -> Result<PublishedNeighbors, OpError>;
 
     /// Ground, clusters and boxes of the cloud (`ops::detect`).
     fn detect(&mut self, points: &Self::Points, params: &DetectParams) -> Result<Detections, OpError>;

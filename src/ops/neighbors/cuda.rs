@@ -66,6 +66,10 @@ impl NeighborsScratch {
         })
     }
 
+    /// `(M, width)` of the last enqueue.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.width)
+    }
     /// Device results of the last enqueue: `[M, width]` indices.
     pub fn indices(&mut self, ctx: &GpuContext) -> Result<CudaView<'_, i32>, GpuError> {
         let n = self.rows * self.width;

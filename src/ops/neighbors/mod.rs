@@ -677,6 +677,33 @@ pub enum NeighborResult {
     Ball(BallQuery),
 }
 
+impl NeighborResult {
+    /// The indices (`width` per row) and the real neighbours among them (padding excluded:
+    /// KNN pads with -1, ball query's `first_found` repeats an index, so its counts say).
+    pub fn into_published(self) -> (Vec<i32>, usize, usize) {
+        match self {
+            NeighborResult::Knn(n) => {
+                let found = n.indices.iter().filter(|&&i| i >= 0).count();
+                (n.indices, n.width, found)
+            }
+            NeighborResult::Ball(b) => {
+                let found = b.counts.iter().map(|&c| c as usize).sum();
+                (b.indices, b.width, found)
+            }
+        }
+    }
+}
+
+/// A neighbour search as the pipeline publishes it: the indices (`width` per row), the real
+/// neighbours among them and the `neighborhoods` message ([`neighborhoods_message`]).
+#[derive(Debug, Clone)]
+pub struct PublishedNeighbors {
+    pub indices: Vec<i32>,
+    pub width: usize,
+    pub found: usize,
+    pub message: CloudMessage,
+}
+
 /// Records written per task by [`for_each_record`].
 const RECORDS_PER_TASK: usize = 4096;
 
@@ -701,9 +728,10 @@ pub(crate) fn for_each_record(data: &mut [u8], step: usize, f: impl Fn(usize, &m
 /// padding slots), `index` (INT32, the neighbour's index in the searched cloud, -1 in KNN padding
 /// slots), `query` (INT32, q) and `query_index` (INT32, the sample's own index in the searched
 /// cloud); little endian, dense unless a slot is padding.
+/// `rows` x `width` records, not yet written; dense until the caller says otherwise.
 pub fn neighborhoods_message_in(
     header: &Header,
-    indices: &[i32],
+    rows: usize,
     width: usize,
     alloc: impl FnOnce(usize) -> MessageBytes,
 ) -> CloudMessage {
@@ -716,10 +744,7 @@ pub fn neighborhoods_message_in(
         ("query", Int32),
         ("query_index", Int32),
     ]);
-    let rows = indices.len().checked_div(width).unwrap_or(0);
-    let mut msg = CloudMessage::in_bytes(header, rows, width, &fields, step, false, alloc);
-    msg.set_dense(!indices.iter().any(|&i| i < 0));
-    msg
+    CloudMessage::in_bytes(header, rows, width, &fields, step, false, alloc)
 }
 
 /// The `neighborhoods` message (see [`neighborhoods_message_in`]) of `indices` (`width` per row)
@@ -731,7 +756,9 @@ pub fn neighborhoods_message(
     indices: &[i32],
     width: usize,
 ) -> CloudMessage {
-    let mut msg = neighborhoods_message_in(header, indices, width, MessageBytes::zeroed);
+    let rows = indices.len().checked_div(width).unwrap_or(0);
+    let mut msg = neighborhoods_message_in(header, rows, width, MessageBytes::zeroed);
+    msg.set_dense(!indices.iter().any(|&i| i < 0));
     for_each_record(msg.data_mut(), 24, |slot, rec| {
         let (i, q) = (indices[slot], slot / width);
         let p = if i < 0 { [f32::NAN; 3] } else { xyz(i as usize) };
