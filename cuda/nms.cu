@@ -205,14 +205,46 @@ __device__ __noinline__ float rot_iou_exact(const float* a, const float* b) {
     return __fdiv_rn(inter, uni);
 }
 
-__device__ __forceinline__ bool rot_suppresses(const float* a, const float* b, float t) {
+// The tests of RotOverlap::suppresses before the exact IoU, in its order (the mask kernels queue
+// the pairs that pass for rot_iou_exact). Symmetric in a and b.
+__device__ __forceinline__ bool rot_prefilter(const float* a, const float* b, float t) {
     // Bounding rectangles must overlap strictly (the BEV pre-filter; IoU is 0 otherwise).
     if (!(fminf(a[8], b[8]) > fmaxf(a[7], b[7])) || !(fminf(a[10], b[10]) > fmaxf(a[9], b[9]))) return false;
-    // Exact area bound, as RotOverlap::suppresses (same decision).
+    // Exact area bound (same decision).
     float m = fminf(a[6], b[6]);
     if (!(__fdiv_rn(m, __fsub_rn(__fadd_rn(a[6], b[6]), m)) > t)) return false;
-    if (a[6] == 0.0f || b[6] == 0.0f) return false;
-    return rot_iou_exact(a, b) > t;
+    return a[6] != 0.0f && b[6] != 0.0f;
+}
+
+// Columns per chunk of the rotated mask: the pairs that pass the cheap tests of a chunk are queued
+// in shared memory and the exact polygon clips are then run by all threads together (a clip
+// per lane instead of one clipping lane per warp).
+#define ROT_CHUNK 16
+
+// The rotated pairs of one 64 x 64 block of the mask: this thread's row `a` (class acls; none when
+// !row_ok) against columns k0.. of `cols`, ROT_CHUNK columns at a time; clip(row, k) is called,
+// spread over the block, for every pair that passes rot_prefilter. Every thread of the block
+// must call it (barriers inside).
+template <typename Clip>
+__device__ __forceinline__ void rot_pairs(const float* a, int acls, bool row_ok, const float* cols, int ncols, int k0,
+                                          float t, unsigned short* queue, u32* s_qn, Clip clip) {
+    const int tid = threadIdx.x;
+    for (int cb = 0; cb < ncols; cb += ROT_CHUNK) {
+        if (row_ok) {
+            const int ke = min(cb + ROT_CHUNK, ncols);
+            for (int k = max(k0, cb); k < ke; ++k) {
+                const float* bb = &cols[k * PREP_STRIDE];
+                if (__float_as_int(bb[PREP_CLS]) != acls || !rot_prefilter(a, bb, t)) continue;
+                queue[atomicAdd(s_qn, 1u)] = (unsigned short)((tid << 6) | k);
+            }
+        }
+        __syncthreads();
+        const u32 qn = *s_qn;
+        for (u32 q = tid; q < qn; q += NMS_BLOCK) clip(queue[q] >> 6, queue[q] & 63);
+        __syncthreads();
+        if (tid == 0) *s_qn = 0;
+        __syncthreads();
+    }
 }
 
 // CIRCLE prep: 0 x, 1 y. `t` is threshold*threshold (f32).
@@ -462,11 +494,6 @@ nms_groups(const float* __restrict__ prep, const u32* __restrict__ sp, const u32
 
 __device__ __forceinline__ long long tri_start(long long i, long long w) { return i * w - i * (i - 1) / 2; }
 
-// Columns per chunk of the rotated mask: the pairs that pass the cheap tests of a chunk are queued
-// in shared memory and the exact polygon clips are then run by all threads together (a clip
-// per lane instead of one clipping lane per warp).
-#define ROT_CHUNK 16
-
 template <int KIND>
 __device__ __forceinline__ void mask_tile(const float* __restrict__ prep, const u32* __restrict__ counters, int pre,
                                           int wtiles, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,
@@ -506,33 +533,9 @@ __device__ __forceinline__ void mask_tile(const float* __restrict__ prep, const 
         s_word[tid] = 0;
         if (tid == 0) s_qn = 0;
         __syncthreads();
-        const int acls = __float_as_int(a[PREP_CLS]);
-        for (int cb = 0; cb < ncols; cb += ROT_CHUNK) {
-            if (r < m) {
-                const int ke = min(cb + ROT_CHUNK, ncols);
-                for (int k = max(k0, cb); k < ke; ++k) {
-                    const float* bb = &cols[k * PREP_STRIDE];
-                    if (__float_as_int(bb[PREP_CLS]) != acls) continue;
-                    // rot_suppresses up to the exact IoU, same order of tests.
-                    if (!(fminf(a[8], bb[8]) > fmaxf(a[7], bb[7])) || !(fminf(a[10], bb[10]) > fmaxf(a[9], bb[9]))) continue;
-                    float mm = fminf(a[6], bb[6]);
-                    if (!(__fdiv_rn(mm, __fsub_rn(__fadd_rn(a[6], bb[6]), mm)) > t)) continue;
-                    if (a[6] == 0.0f || bb[6] == 0.0f) continue;
-                    u32 q = atomicAdd(&s_qn, 1u);
-                    queue[q] = (unsigned short)((tid << 6) | k);
-                }
-            }
-            __syncthreads();
-            const u32 qn = s_qn;
-            for (u32 q = tid; q < qn; q += NMS_BLOCK) {
-                const int e = queue[q];
-                const int row = e >> 6, k = e & 63;
-                if (rot_iou_exact(&rows[row * PREP_STRIDE], &cols[k * PREP_STRIDE]) > t) atomicOr(&s_word[row], 1ull << k);
-            }
-            __syncthreads();
-            if (tid == 0) s_qn = 0;
-            __syncthreads();
-        }
+        rot_pairs(a, __float_as_int(a[PREP_CLS]), r < m, cols, ncols, k0, t, queue, &s_qn, [&](int row, int k) {
+            if (rot_iou_exact(&rows[row * PREP_STRIDE], &cols[k * PREP_STRIDE]) > t) atomicOr(&s_word[row], 1ull << k);
+        });
         word = s_word[tid];
         if (r >= m) word = 0;
     } else {
@@ -670,35 +673,12 @@ __device__ __forceinline__ void mask_grouped(const float* __restrict__ sprep, co
         const int acls = row_ok ? __float_as_int(a[PREP_CLS]) : 0;
         const u32 ra = row_ok ? rrank[tid] : 0u;
         if (KIND == KIND_ROT) {
-            for (int cb = 0; cb < ncols; cb += ROT_CHUNK) {
-                if (row_ok) {
-                    const int ke = min(cb + ROT_CHUNK, ncols);
-                    for (int k = max(k0, cb); k < ke; ++k) {
-                        const float* bb = &cols[k * PREP_STRIDE];
-                        if (__float_as_int(bb[PREP_CLS]) != acls) continue;
-                        // rot_suppresses up to the exact IoU (these tests are symmetric in a, b).
-                        if (!(fminf(a[8], bb[8]) > fmaxf(a[7], bb[7])) || !(fminf(a[10], bb[10]) > fmaxf(a[9], bb[9]))) continue;
-                        const float mm = fminf(a[6], bb[6]);
-                        if (!(__fdiv_rn(mm, __fsub_rn(__fadd_rn(a[6], bb[6]), mm)) > t)) continue;
-                        if (a[6] == 0.0f || bb[6] == 0.0f) continue;
-                        const u32 q = atomicAdd(&s_qn, 1u);
-                        queue[q] = (unsigned short)((tid << 6) | k);
-                    }
-                }
-                __syncthreads();
-                const u32 qn = s_qn;
-                for (u32 q = tid; q < qn; q += NMS_BLOCK) {
-                    const int e = queue[q];
-                    const int row = e >> 6, k = e & 63;
-                    const u32 r1 = rrank[row], r2 = crank[k];
-                    const float* hi = r1 < r2 ? &rows[row * PREP_STRIDE] : &cols[k * PREP_STRIDE];
-                    const float* lo = r1 < r2 ? &cols[k * PREP_STRIDE] : &rows[row * PREP_STRIDE];
-                    if (rot_iou_exact(hi, lo) > t) emit_bit(min(r1, r2), max(r1, r2), diag, tilecnt, entries, capt, overflow);
-                }
-                __syncthreads();
-                if (tid == 0) s_qn = 0;
-                __syncthreads();
-            }
+            rot_pairs(a, acls, row_ok, cols, ncols, k0, t, queue, &s_qn, [&](int row, int k) {
+                const u32 r1 = rrank[row], r2 = crank[k];
+                const float* hi = r1 < r2 ? &rows[row * PREP_STRIDE] : &cols[k * PREP_STRIDE];
+                const float* lo = r1 < r2 ? &cols[k * PREP_STRIDE] : &rows[row * PREP_STRIDE];
+                if (rot_iou_exact(hi, lo) > t) emit_bit(min(r1, r2), max(r1, r2), diag, tilecnt, entries, capt, overflow);
+            });
         } else if (row_ok) {
             for (int k = k0; k < ncols; ++k) {
                 const float* bb = &cols[k * PREP_STRIDE];
