@@ -17,9 +17,7 @@ use crate::ops::detect::cuda::DeviceDetector;
 use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
-use crate::ops::neighbors::cuda::{
-    ball_query_enqueue, knn_enqueue, NeighborsScratch,
-};
+use crate::ops::neighbors::cuda::{ball_query_enqueue, knn_enqueue, NeighborsScratch};
 use crate::ops::neighbors::{neighborhoods_message_in, BallQueryParams, KnnParams, PublishedNeighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};

@@ -282,7 +282,8 @@ impl DeviceNms {
             let f = ctx.function("nms", "nms_groups")?;
             let mut l = s.launch_builder(&f);
             l.arg(&*prep).arg(&*sp).arg(&*counters).arg(&pre_i).arg(&kind_i);
-            l.arg(&mut *self.spatial_prep.ensure(s, 12 * TILE * wt)?).arg(&mut *self.spatial_rank.ensure(s, TILE * wt)?);
+            l.arg(&mut *self.spatial_prep.ensure(s, 12 * TILE * wt)?)
+                .arg(&mut *self.spatial_rank.ensure(s, TILE * wt)?);
             l.arg(&mut *self.group_rects.ensure(s, 4 * wt)?).arg(&mut *diag);
             let cfg = LaunchConfig { grid_dim: (wt as u32, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: matches nms_groups; sp holds the spatial order (< pre entries, each < pre),
@@ -329,7 +330,8 @@ impl DeviceNms {
                 l.arg(&*pairs).arg(&mut cnt_view).arg(&pre_i).arg(&t);
                 l.arg(&mut *diag).arg(&mut *tilecnt).arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
                 let blocks = max_pairs.min(32 * ctx.sm_count.max(1) as usize) as u32;
-                let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
+                let cfg =
+                    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
                 // SAFETY: matches the grouped mask kernels; the spatial arrays and the pairs were
                 // written above, diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
                 unsafe { l.launch(cfg) }?;
@@ -474,7 +476,8 @@ fn sort_keys(
             None => l.arg(&0u64),
         };
         l.arg(&len_i).arg(&mut *sorted);
-        let cfg = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (SORT_TILE as u32, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (SORT_TILE as u32, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matches nms_sort_tiles (a null count pointer when the length is `len`); keys
         // hold >= len keys, sorted tiles * SORT_TILE.
         unsafe { l.launch(cfg) }?;
