@@ -707,7 +707,7 @@ MASK_GROUPED_KERNEL(nms_mask_grouped_circle, KIND_CIRCLE)
 
 // ------------------------------------------------------------------------------------------
 // Sweep: one block. Dynamic shared memory: ent[2][SWEEP_EPT] (uint4), diag[2][64] (u64),
-// ord[2][64] (u32), removed[wtiles] (u64).
+// ord[2][64] (u32), removed[wtiles] (u64), tcnt[wtiles] (u32).
 
 struct SweepRegs {
     uint4 ent[SWEEP_PF];
@@ -716,12 +716,14 @@ struct SweepRegs {
     u32 ord;  // the row's input index (threads < 64): prefetched, so the keep list's store never waits on a load
 };
 
-__device__ __forceinline__ void sweep_load(int T, int m, const u64* __restrict__ diag, const u32* __restrict__ tilecnt,
+// s_tcnt: the entry counts of all row tiles, in shared memory, so that only a tile's own entries
+// are read (a full prefetch of SWEEP_EPT entries per tile would cost the one block's L2 bandwidth).
+__device__ __forceinline__ void sweep_load(int T, int m, const u64* __restrict__ diag, const u32* s_tcnt,
                                            const uint4* __restrict__ entries, int capt, const u32* __restrict__ order,
                                            SweepRegs& g) {
     const int tid = threadIdx.x;
-    g.cnt = tilecnt[T];
-    const int lim = min(capt, SWEEP_EPT);
+    g.cnt = s_tcnt[T];
+    const int lim = min(min(capt, SWEEP_EPT), (int)g.cnt);
 #pragma unroll
     for (int q = 0; q < SWEEP_PF; ++q) {
         int e = tid + q * SWEEP_THREADS;
@@ -761,18 +763,19 @@ struct SweepShared {
     u64* diag;     // [2][64]
     u32* ord;      // [2][64]
     u64* removed;  // [wtiles]
+    u32* tcnt;     // [wtiles]
 };
 
 // One row tile. P holds tile T+1 (loaded one tile earlier), F is free and receives tile T+2,
 // so every load has two tiles' time to arrive. Returns the (block-uniform) stop flag.
 __device__ __forceinline__ bool sweep_tile(int T, int nt, int m, int post, const u64* __restrict__ diag,
-                                           const u32* __restrict__ tilecnt, const uint4* __restrict__ entries,
+                                           const uint4* __restrict__ entries,
                                            int capt, const u32* __restrict__ order, u32* __restrict__ out,
                                            SweepShared sh, u32 (*s_nz)[2], u32* s_cnt, u64* s_kept, int* s_base,
                                            int* s_kc, int* s_stop, SweepRegs& P, SweepRegs& F) {
     const int tid = threadIdx.x;
     const int cur = T & 1, nxt = cur ^ 1;
-    if (T + 2 < nt) sweep_load(T + 2, m, diag, tilecnt, entries, capt, order, F);
+    if (T + 2 < nt) sweep_load(T + 2, m, diag, sh.tcnt, entries, capt, order, F);
     if (tid == 0) {
         const int rows = min(NMS_TILE, m - T * NMS_TILE);
         const u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
@@ -854,24 +857,29 @@ nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __rest
     const int tid = threadIdx.x;
     const int m = min((int)counters[0], pre);
     const int nt = (m + NMS_TILE - 1) / NMS_TILE;
-    for (int w = tid; w < nt; w += SWEEP_THREADS) sh.removed[w] = 0;
+    sh.tcnt = reinterpret_cast<u32*>(sh.removed + nt);
+    for (int w = tid; w < nt; w += SWEEP_THREADS) {
+        sh.removed[w] = 0;
+        sh.tcnt[w] = tilecnt[w];
+    }
     if (tid == 0) {
         s_kc = 0;
         s_stop = 0;
     }
+    __syncthreads();
     SweepRegs ga, gb;
     if (nt > 0) {
-        sweep_load(0, m, diag, tilecnt, entries, capt, order, ga);
+        sweep_load(0, m, diag, sh.tcnt, entries, capt, order, ga);
         sweep_store(ga, sh.ent, sh.diag, sh.ord, s_nz[0], &s_cnt[0]);
     }
-    if (nt > 1) sweep_load(1, m, diag, tilecnt, entries, capt, order, gb);
+    if (nt > 1) sweep_load(1, m, diag, sh.tcnt, entries, capt, order, gb);
     __syncthreads();
     for (int T = 0; T < nt; T += 2) {
-        if (sweep_tile(T, nt, m, post, diag, tilecnt, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept, &s_base,
+        if (sweep_tile(T, nt, m, post, diag, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept, &s_base,
                        &s_kc, &s_stop, gb, ga))
             break;
         if (T + 1 >= nt) break;
-        if (sweep_tile(T + 1, nt, m, post, diag, tilecnt, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept,
+        if (sweep_tile(T + 1, nt, m, post, diag, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept,
                        &s_base, &s_kc, &s_stop, ga, gb))
             break;
     }

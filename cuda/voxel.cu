@@ -2,16 +2,21 @@
 // PointPillars point decoration. Must reproduce src/ops/voxel/mod.rs bit for bit on every integer output
 // (and on every float output whose arithmetic order the reference fixes).
 //
-// Pipeline (src/ops/voxel/cuda.rs enqueues it; no memset, no host synchronization inside; 4 launches for
-// 16-bit voxel ranks such as W1 pillars, 5 for up to 24 bits):
+// Pipeline (src/ops/voxel/cuda.rs enqueues it; no memset, no host synchronization inside). Hard
+// voxels with P <= 32 (PointPillars, spconv) take 3 launches (1, 2, 4s); dynamic voxels and P > 32
+// sort (1, 2, 3 per 8-bit digit, 4):
 //   1. vox_insert        one thread per point: voxel coordinate in f32 exactly as VoxelGrid::coord
 //                        (one __fsub_rn, one __fdiv_rn, floorf, range test in f32); linear key
 //                        (z*dy+y)*dx+x. Table slot: DIRECT mode (small grids, e.g. 640 x 640 x 1
 //                        pillars) slot = linear key, one entry per cell; HASH mode: open addressing
 //                        (linear probing, CAS on key+1 into a table kept all-zero between calls).
-//                        atomicMax(first[slot], gen << 32 | ~i) = the voxel's smallest point index,
-//                        tagged with this call's generation `gen` (entries of earlier calls compare
-//                        smaller and read as stale: the table is never cleared). pslot[i] = slot or -1.
+//                        The lanes of a warp that share a slot elect their lowest lane (= lowest
+//                        point index), which does atomicMax(first[slot], gen << 32 | ~i) = the voxel's
+//                        smallest point index, tagged with this call's generation `gen` (entries of
+//                        earlier calls compare smaller and read as stale: the table is never cleared),
+//                        and in select mode one atomicAdd of the lanes' count on count[slot]: each
+//                        point's position in its voxel's segment (an order the atomics choose; the
+//                        select kernel sorts it away). pslot[i] = slot or -1.
 //                        Block 0 zeroes the counters and the global radix histograms.
 //   2. vox_rank_keys     single-pass decoupled look-back scan (generation-tagged tile status, warp-wide
 //                        look-back) over the flags "point i is the first point of its voxel", in input
@@ -19,10 +24,15 @@
 //                        (first-point order). The first point's thread writes vid[slot] = rank and the
 //                        voxel coordinate, clears the hash key (HASH mode), then the tile publishes
 //                        DONE. Every other point reads its voxel's rank once the tile holding the
-//                        voxel's first point (an earlier or the same tile) is DONE, and writes its sort
-//                        key = rank (flag bit 31 on the voxel's first point) or key_max (dropped:
-//                        out of range / voxel capacity), the per-pass digit histograms (onesweep) and
-//                        the drop counters; dynamic mode also writes point_voxel.
+//                        voxel's first point (an earlier or the same tile) is DONE. Sort mode: each
+//                        point writes its sort key = rank (flag bit 31 on the voxel's first point) or
+//                        key_max (dropped: out of range / voxel capacity), the per-pass digit
+//                        histograms (onesweep) and the drop counters; dynamic mode also writes
+//                        point_voxel. Select mode: the first points of kept voxels take their
+//                        segments (one atomicAdd per tile on a cursor: placement does not reach the
+//                        output), reset count[slot] (the table stays all-zero) and publish
+//                        seg_start / seg_len by rank; every kept point writes its index into its
+//                        segment at its insert position.
 //   3. vox_sort_pass     stable LSD radix pass (one launch per <= 8-bit digit; values = point indices,
 //                        the identity on the first pass): per-warp match_any ranks in input order,
 //                        per-digit decoupled look-back across tiles (generation-tagged status) on top
@@ -34,8 +44,10 @@
 //   4. vox_hard_fill     one thread per (voxel, slot): segment [seg_start[v], seg_start[v + 1]) (the
 //                        last one ends at the number of kept points), num_points = min(count, P),
 //                        point-capacity drops, raw channels or 0.0 padding; with the pillar flag also
-//                        the 9/10 PointPillars channels (fused; for P <= 32 the voxel's slots share one
-//                        group of lanes and the f32 sums run over warp shuffles in slot order).
+//                        the 9/10 PointPillars channels (fused).
+//   4s. vox_hard_select  P <= 32: one warp per kept voxel takes the min(count, P) smallest point
+//                        indices of its unordered segment in ascending order (= the slots of the
+//                        sorted path: input order) and writes the same outputs as vox_hard_fill.
 //      vox_dyn_means     one thread per (voxel, channel): f64 sum in input order / count -> f32.
 //      vox_pillar        PointPillars decoration of hard voxels already on the device.
 //
@@ -82,7 +94,8 @@
 #define CTR_OUT_OF_RANGE 2
 #define CTR_VOXEL_CAP 3     // in-range points of voxels not kept
 #define CTR_POINT_CAP 4     // points of kept voxels past P
-#define CTR_SORT_TILE 5     // 5..9: tile counter of sort pass q
+#define CTR_SORT_TILE 5     // 5..8: tile counter of sort pass q
+#define CTR_SEG_POINTS 9    // select mode: segment cursor (points of kept voxels)
 #define CTR_WORDS 16
 #define CTR_HIST CTR_WORDS  // RADIX_MAX_PASSES x RADIX_BINS global digit counts
 #define CTR_TOTAL (CTR_WORDS + RADIX_MAX_PASSES * RADIX_BINS)
@@ -174,12 +187,6 @@ __device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
     return v;
 }
 
-__device__ __forceinline__ unsigned int warp_max(unsigned int v) {
-#pragma unroll
-    for (unsigned int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 __device__ __forceinline__ void write_coord(int* coords, unsigned int r, const VoxParams& p, unsigned long long key) {
     const unsigned long long dxy = (unsigned long long)p.dim[0] * p.dim[1];
     const unsigned int z = (unsigned int)(key / dxy);
@@ -199,62 +206,75 @@ __device__ __forceinline__ unsigned int radix_digit(const VoxParams& p, unsigned
 }
 
 // 1. Table inserts (+ zeroing of the counters and histograms). point_coords != null: dynamic mode,
-// also writes each point's [z, y, x] (or -1).
+// also writes each point's [z, y, x] (or -1). table_count != null: select mode, point_pos[i] = the
+// point's position in its voxel's segment.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsigned long long* table_first,
-           int* __restrict__ pslot, unsigned int* __restrict__ ctr, int* __restrict__ point_coords, const VoxParams p) {
+           unsigned int* table_count, int* __restrict__ pslot, unsigned int* __restrict__ point_pos,
+           unsigned int* __restrict__ ctr, int* __restrict__ point_coords, const VoxParams p) {
     if (blockIdx.x == 0)
         for (unsigned int w = threadIdx.x; w < CTR_TOTAL; w += VOXEL_BLOCK) ctr[w] = 0u;
     const unsigned int i = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
-    if (i >= p.n) return;
-    const float x = cloud[i];
-    const float y = cloud[(unsigned long long)p.capacity + i];
-    const float z = cloud[2ull * p.capacity + i];
-    unsigned int c[3];
-    if (!voxel_coord(p, x, y, z, c)) {
-        pslot[i] = -1;
-        if (point_coords != nullptr) {
-            point_coords[3ull * i + 0] = -1;
-            point_coords[3ull * i + 1] = -1;
-            point_coords[3ull * i + 2] = -1;
-        }
-        return;
-    }
-    const unsigned long long key = linear_key(p, c);
-    unsigned int s;
-    if (p.flags & FLAG_DIRECT) {
-        s = (unsigned int)key;
-    } else {
-        const unsigned long long key1 = key + 1ull;
-        s = hash_slot(p, key);
-        while (true) {
-            const unsigned long long cur = table_keys[s];
-            if (cur == key1) break;
-            if (cur == 0ull) {
-                const unsigned long long prev = atomicCAS(&table_keys[s], 0ull, key1);
-                if (prev == 0ull || prev == key1) break;
+    const unsigned int lane = threadIdx.x & 31u;
+    bool in = false;
+    unsigned int s = 0xffffffffu;
+    if (i < p.n) {
+        const float x = cloud[i];
+        const float y = cloud[(unsigned long long)p.capacity + i];
+        const float z = cloud[2ull * p.capacity + i];
+        unsigned int c[3] = {0u, 0u, 0u};
+        in = voxel_coord(p, x, y, z, c);
+        if (in) {
+            const unsigned long long key = linear_key(p, c);
+            if (p.flags & FLAG_DIRECT) {
+                s = (unsigned int)key;
+            } else {
+                const unsigned long long key1 = key + 1ull;
+                s = hash_slot(p, key);
+                while (true) {
+                    const unsigned long long cur = table_keys[s];
+                    if (cur == key1) break;
+                    if (cur == 0ull) {
+                        const unsigned long long prev = atomicCAS(&table_keys[s], 0ull, key1);
+                        if (prev == 0ull || prev == key1) break;
+                    }
+                    s = (s + 1u) & p.hash_mask;
+                }
             }
-            s = (s + 1u) & p.hash_mask;
+        }
+        pslot[i] = in ? (int)s : -1;
+        if (point_coords != nullptr) {
+            point_coords[3ull * i + 0] = in ? (int)c[2] : -1;
+            point_coords[3ull * i + 1] = in ? (int)c[1] : -1;
+            point_coords[3ull * i + 2] = in ? (int)c[0] : -1;
         }
     }
-    atomicMax(&table_first[s], ((unsigned long long)p.gen << 32) | (unsigned long long)(~i));
-    pslot[i] = (int)s;
-    if (point_coords != nullptr) {
-        point_coords[3ull * i + 0] = (int)c[2];
-        point_coords[3ull * i + 1] = (int)c[1];
-        point_coords[3ull * i + 2] = (int)c[0];
+    // One atomic per slot and warp: lanes hold consecutive points, so the lowest lane of a slot
+    // holds its lowest index (slots are < 2^31: 0xffffffff groups the lanes with no slot).
+    const unsigned int peers = __match_any_sync(0xffffffffu, s);
+    const unsigned int leader = (unsigned int)(__ffs(peers) - 1);
+    unsigned int base = 0u;
+    if (in && lane == leader) {
+        atomicMax(&table_first[s], ((unsigned long long)p.gen << 32) | (unsigned long long)(~i));
+        if (table_count != nullptr) base = atomicAdd(&table_count[s], (unsigned int)__popc(peers));
     }
+    base = __shfl_sync(0xffffffffu, base, (int)leader);
+    if (in && table_count != nullptr) point_pos[i] = base + (unsigned int)__popc(peers & ((1u << lane) - 1u));
 }
 
-// 2. Voxel ranks in first-point order, sort keys, digit histograms, drop counters.
+// 2. Voxel ranks in first-point order, drop counters; sort mode (seg_points == null): sort keys and
+// digit histograms; select mode: the segments of the kept voxels, filled.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, const unsigned long long* __restrict__ table_first,
-              unsigned int* table_vid, int* __restrict__ coords, unsigned long long* status, unsigned int* ctr,
-              unsigned int* __restrict__ keys, int* __restrict__ point_voxel, const VoxParams p) {
+              unsigned int* table_vid, unsigned int* table_count, const unsigned int* __restrict__ point_pos,
+              int* __restrict__ coords, unsigned long long* status, unsigned int* ctr, unsigned int* __restrict__ keys,
+              int* __restrict__ point_voxel, unsigned int* __restrict__ seg_points, unsigned int* seg_start,
+              unsigned int* __restrict__ seg_len, const VoxParams p) {
     __shared__ unsigned int s_tile;
     __shared__ unsigned int s_prefix;
     __shared__ unsigned int s_min_tile;
     __shared__ unsigned int s_warp[VOX_WARPS];
+    __shared__ unsigned int s_seg_base;
     __shared__ unsigned int s_hist[RADIX_MAX_PASSES * RADIX_BINS];
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
@@ -266,6 +286,7 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     const unsigned int num_tiles = (p.n + VOX_TILE - 1) / VOX_TILE;
     const unsigned int base = tile * VOX_TILE + threadIdx.x * VOXEL_ITEMS;
     const bool direct = (p.flags & FLAG_DIRECT) != 0u;
+    const bool select = seg_points != nullptr;
 
     int slot[VOXEL_ITEMS];
     unsigned int flags = 0u, count = 0u, oor = 0u, min_tile = tile;
@@ -323,13 +344,43 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     __syncthreads();
 
     // First points: rank -> vid[slot], coordinates; clear the hash key (the table stays all-zero).
+    // Select mode: kept voxels take their segments in first-point order within the tile, at a base
+    // the tile takes from the cursor.
     const unsigned int first_rank = s_prefix + thread_excl;
+    unsigned int seg_count[VOXEL_ITEMS];
+    unsigned int seg_excl = 0u;
+    if (select) {
+        unsigned int mine = 0u;
+        unsigned int r = first_rank;
+#pragma unroll
+        for (int k = 0; k < VOXEL_ITEMS; ++k) {
+            seg_count[k] = 0u;
+            if (flags & (1u << k)) {
+                const unsigned int c = table_count[slot[k]];
+                table_count[slot[k]] = 0u;
+                if (r < p.max_voxels) seg_count[k] = c;
+                mine += seg_count[k];
+                ++r;
+            }
+        }
+        unsigned int tile_points;
+        seg_excl = lk_block_excl_scan<VOX_WARPS>(mine, s_warp, &tile_points);
+        if (threadIdx.x == 0) s_seg_base = tile_points ? atomicAdd(&ctr[CTR_SEG_POINTS], tile_points) : 0u;
+        __syncthreads();
+        seg_excl += s_seg_base;
+    }
     unsigned int r = first_rank;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         if (flags & (1u << k)) {
             const int s = slot[k];
             table_vid[s] = r;
+            if (select && r < p.max_voxels) {
+                seg_start[r] = seg_excl;
+                seg_len[r] = seg_count[k];
+                seg_count[k] = seg_excl; // from here on: the start of the voxel's segment
+                seg_excl += seg_len[r];
+            }
             if (direct) {
                 if (r < p.max_voxels) write_coord(coords, r, p, (unsigned long long)s);
             } else {
@@ -359,6 +410,13 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
             if (slot[k] >= 0) {
                 const unsigned int vr = is_first ? r++ : __ldcg(&table_vid[slot[k]]);
                 if (vr < p.max_voxels) key = vr; else ++vcap;
+            }
+            if (select) {
+                if (key != p.key_max) {
+                    const unsigned int start = is_first ? seg_count[k] : __ldcg(&seg_start[key]);
+                    seg_points[start + point_pos[idx]] = idx;
+                }
+                continue;
             }
             keys[idx] = key | (is_first && key != p.key_max ? KEY_FIRST : 0u);
             if (point_voxel != nullptr) point_voxel[idx] = key == p.key_max ? -1 : (int)key;
@@ -484,9 +542,52 @@ __device__ __forceinline__ unsigned int kept_sorted(const unsigned int* counters
     return p.n - counters[CTR_OUT_OF_RANGE] - counters[CTR_VOXEL_CAP];
 }
 
-// 4. Hard voxels: one thread per (voxel, slot) of the kept voxels (grid-stride, warp-uniform loop).
-// P <= 32: voxel v owns the G = next_pow2(P) lanes v*G..v*G+G-1 (G divides 32, so a group never
-// straddles warps) and the pillar means are f32 sums over shuffles in slot order.
+// The PointPillars channels of one slot (point x, y, z, intensity; sums over the voxel's np points
+// in slot order): the arithmetic of the CPU reference `ops::voxel::pillar_features`.
+__device__ __forceinline__ void pillar_row(float* dst, unsigned int oc, float x, float y, float z, float intensity,
+                                           float sx, float sy, float sz, unsigned int np, const int* coords,
+                                           unsigned int v, const VoxParams& p) {
+    const float nf = (float)np;
+    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
+    const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
+    const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
+    dst[0] = x;
+    dst[1] = y;
+    dst[2] = z;
+    dst[3] = intensity;
+    dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
+    dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
+    dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
+    dst[7] = __fsub_rn(x, ox);
+    dst[8] = __fsub_rn(y, oy);
+    if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
+}
+
+// Slot s of voxel v holds point i (has) or padding: the raw row and/or the pillar row.
+__device__ __forceinline__ void write_slot(const float* __restrict__ cloud, float* __restrict__ features,
+                                           float* __restrict__ pillar, const int* __restrict__ coords, unsigned int v,
+                                           unsigned int s, bool has, unsigned int i, float sx, float sy, float sz,
+                                           unsigned int np, const VoxParams& p) {
+    const unsigned long long row = (unsigned long long)v * p.max_points + s;
+    if (p.flags & FLAG_RAW) {
+        const unsigned int C = p.num_ch;
+        float* dst = features + row * C;
+        for (unsigned int k = 0; k < C; ++k) dst[k] = has ? col(cloud, p, k)[i] : 0.0f;
+    }
+    if (p.flags & FLAG_PILLAR) {
+        const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u;
+        float* dst = pillar + row * oc;
+        if (has) {
+            pillar_row(dst, oc, col(cloud, p, 0)[i], col(cloud, p, 1)[i], col(cloud, p, 2)[i], col(cloud, p, 3)[i], sx,
+                       sy, sz, np, coords, v, p);
+        } else {
+            for (unsigned int k = 0; k < oc; ++k) dst[k] = 0.0f;
+        }
+    }
+}
+
+// 4. Hard voxels from sorted segments (P > 32): one thread per (voxel, slot) of the kept voxels
+// (grid-stride).
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_hard_fill(const float* __restrict__ cloud, const unsigned int* __restrict__ vals,
               const unsigned int* __restrict__ seg_start, const int* __restrict__ coords, unsigned int* counters,
@@ -495,109 +596,106 @@ vox_hard_fill(const float* __restrict__ cloud, const unsigned int* __restrict__ 
     const unsigned int P = p.max_points;
     const unsigned int V = kept_voxels(counters, p);
     const unsigned int K = kept_sorted(counters, p);
-    const unsigned int C = p.num_ch;
-    const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u;
-    unsigned int G = 0u, gshift = 0u;
-    if (P <= 32u) {
-        G = 1u;
-        while (G < P) {
-            G <<= 1;
-            ++gshift;
-        }
-    }
-    const unsigned long long total = G ? ((unsigned long long)V << gshift) : (unsigned long long)V * P;
-    const unsigned long long total_w = (total + 31ull) & ~31ull;
+    const unsigned long long total = (unsigned long long)V * P;
     const float* X = col(cloud, p, 0);
     const float* Y = col(cloud, p, 1);
     const float* Z = col(cloud, p, 2);
     unsigned int pcap = 0u;
-    for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total_w;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total;
          t += (unsigned long long)gridDim.x * VOXEL_BLOCK) {
-        const bool active = t < total;
-        unsigned int v = 0u, s = 0u;
-        if (G) {
-            v = (unsigned int)(t >> gshift);
-            s = (unsigned int)t & (G - 1u);
-        } else {
-            v = (unsigned int)(t / P);
-            s = (unsigned int)(t - (unsigned long long)v * P);
-        }
-        const bool slot_ok = active && s < P;
-        unsigned int start = 0u, cnt = 0u, np = 0u;
-        if (active) {
-            start = seg_start[v];
-            const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
-            cnt = end - start;
-            np = cnt < P ? cnt : P;
-        }
-        if (slot_ok && s == 0u) {
+        const unsigned int v = (unsigned int)(t / P);
+        const unsigned int s = (unsigned int)(t - (unsigned long long)v * P);
+        const unsigned int start = seg_start[v];
+        const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
+        const unsigned int cnt = end - start;
+        const unsigned int np = cnt < P ? cnt : P;
+        if (s == 0u) {
             num_points[v] = np;
             pcap += cnt - np;
         }
-        const bool has = slot_ok && s < np;
-        const unsigned int i = has ? vals[start + s] : 0u;
-        const unsigned long long row = (unsigned long long)v * P + s;
-        if ((p.flags & FLAG_RAW) && slot_ok) {
-            float* dst = features + row * C;
-            if (has) {
-                for (unsigned int k = 0; k < C; ++k) dst[k] = col(cloud, p, k)[i];
-            } else {
-                for (unsigned int k = 0; k < C; ++k) dst[k] = 0.0f;
+        const bool has = s < np;
+        float sx = 0.0f, sy = 0.0f, sz = 0.0f;
+        if (has && (p.flags & FLAG_PILLAR)) {
+            for (unsigned int j = 0; j < np; ++j) {
+                const unsigned int q = vals[start + j];
+                sx = __fadd_rn(sx, X[q]);
+                sy = __fadd_rn(sy, Y[q]);
+                sz = __fadd_rn(sz, Z[q]);
             }
         }
-        if (p.flags & FLAG_PILLAR) {
-            float x = 0.0f, y = 0.0f, z = 0.0f;
-            if (has) {
-                x = X[i];
-                y = Y[i];
-                z = Z[i];
-            }
-            float sx = 0.0f, sy = 0.0f, sz = 0.0f;
-            if (G) {
-                const unsigned int wmax = warp_max(np);
-                for (unsigned int j = 0; j < wmax; ++j) {
-                    const float ax = __shfl_sync(0xffffffffu, x, (int)j, (int)G);
-                    const float ay = __shfl_sync(0xffffffffu, y, (int)j, (int)G);
-                    const float az = __shfl_sync(0xffffffffu, z, (int)j, (int)G);
-                    if (j < np) {
-                        sx = __fadd_rn(sx, ax);
-                        sy = __fadd_rn(sy, ay);
-                        sz = __fadd_rn(sz, az);
-                    }
-                }
-            } else if (has) {
-                for (unsigned int j = 0; j < np; ++j) {
-                    const unsigned int q = vals[start + j];
-                    sx = __fadd_rn(sx, X[q]);
-                    sy = __fadd_rn(sy, Y[q]);
-                    sz = __fadd_rn(sz, Z[q]);
-                }
-            }
-            if (slot_ok) {
-                float* dst = pillar + row * oc;
-                if (has) {
-                    const float nf = (float)np;
-                    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
-                    const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
-                    const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
-                    dst[0] = x;
-                    dst[1] = y;
-                    dst[2] = z;
-                    dst[3] = col(cloud, p, 3)[i];
-                    dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
-                    dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
-                    dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
-                    dst[7] = __fsub_rn(x, ox);
-                    dst[8] = __fsub_rn(y, oy);
-                    if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
-                } else {
-                    for (unsigned int k = 0; k < oc; ++k) dst[k] = 0.0f;
-                }
-            }
-        }
+        write_slot(cloud, features, pillar, coords, v, s, has, has ? vals[start + s] : 0u, sx, sy, sz, np, p);
     }
     pcap = warp_sum(pcap);
     if ((threadIdx.x & 31u) == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
+}
+
+// Ascending bitonic sort of one value per lane across the 32 lanes of a full warp.
+__device__ __forceinline__ unsigned int warp_sort_asc(unsigned int v) {
+    const unsigned int lane = threadIdx.x & 31u;
+#pragma unroll
+    for (unsigned int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (unsigned int j = k >> 1; j > 0; j >>= 1) {
+            const unsigned int o = __shfl_xor_sync(0xffffffffu, v, (int)j);
+            v = (((lane & j) == 0u) == ((lane & k) == 0u)) ? min(v, o) : max(v, o);
+        }
+    }
+    return v;
+}
+
+// 4s. Hard voxels, P <= 32, from unordered segments: one warp per kept voxel (grid-stride). Lane s
+// ends with the s-th smallest point index of the segment (ascending index = input order, the
+// reference's slots): the first 32 entries sorted, then every further chunk of 32 that has an entry
+// below the running P-th smallest is sorted and merged in (the running list against the reversed
+// chunk, elementwise min, is bitonic and holds the 32 smallest of both; five steps sort it). A
+// chunk with no such entry costs one load and one ballot. The pillar sums run over shuffles in
+// slot order.
+extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
+vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict__ seg_points,
+                const unsigned int* __restrict__ seg_start, const unsigned int* __restrict__ seg_len,
+                const int* __restrict__ coords, unsigned int* counters, unsigned int* __restrict__ num_points,
+                float* __restrict__ features, float* __restrict__ pillar, const VoxParams p) {
+    const unsigned int P = p.max_points;
+    const unsigned int V = kept_voxels(counters, p);
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warps = gridDim.x * VOX_WARPS;
+    unsigned int pcap = 0u;
+    for (unsigned int v = blockIdx.x * VOX_WARPS + (threadIdx.x >> 5); v < V; v += warps) {
+        const unsigned int* seg = seg_points + seg_start[v];
+        const unsigned int cnt = seg_len[v];
+        const unsigned int np = cnt < P ? cnt : P;
+        unsigned int best = warp_sort_asc(lane < cnt ? seg[lane] : 0xffffffffu);
+        for (unsigned int c0 = 32u; c0 < cnt; c0 += 32u) {
+            unsigned int e = c0 + lane < cnt ? seg[c0 + lane] : 0xffffffffu;
+            const unsigned int bar = __shfl_sync(0xffffffffu, best, (int)P - 1);
+            if (__ballot_sync(0xffffffffu, e < bar) == 0u) continue;
+            e = warp_sort_asc(e);
+            best = min(best, __shfl_sync(0xffffffffu, e, 31 - (int)lane));
+#pragma unroll
+            for (unsigned int j = 16; j > 0; j >>= 1) {
+                const unsigned int o = __shfl_xor_sync(0xffffffffu, best, (int)j);
+                best = (lane & j) == 0u ? min(best, o) : max(best, o);
+            }
+        }
+        if (lane == 0u) {
+            num_points[v] = np;
+            pcap += cnt - np;
+        }
+        const bool has = lane < np;
+        float sx = 0.0f, sy = 0.0f, sz = 0.0f;
+        if (p.flags & FLAG_PILLAR) {
+            const float x = has ? col(cloud, p, 0)[best] : 0.0f;
+            const float y = has ? col(cloud, p, 1)[best] : 0.0f;
+            const float z = has ? col(cloud, p, 2)[best] : 0.0f;
+            for (unsigned int j = 0; j < np; ++j) {
+                sx = __fadd_rn(sx, __shfl_sync(0xffffffffu, x, (int)j));
+                sy = __fadd_rn(sy, __shfl_sync(0xffffffffu, y, (int)j));
+                sz = __fadd_rn(sz, __shfl_sync(0xffffffffu, z, (int)j));
+            }
+        }
+        if (lane < P) write_slot(cloud, features, pillar, coords, v, lane, has, has ? best : 0u, sx, sy, sz, np, p);
+    }
+    if (lane == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
 }
 
 // Dynamic voxels: one thread per (voxel, channel): f64 sum in input order, / count, -> f32.
@@ -649,21 +747,7 @@ vox_pillar(const float* __restrict__ features, const unsigned int* __restrict__ 
             sy = __fadd_rn(sy, blk[j * C + 1]);
             sz = __fadd_rn(sz, blk[j * C + 2]);
         }
-        const float nf = (float)np;
-        const float x = blk[s * C], y = blk[s * C + 1], z = blk[s * C + 2];
-        const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
-        const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
-        const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
-        dst[0] = x;
-        dst[1] = y;
-        dst[2] = z;
-        dst[3] = blk[s * C + 3];
-        dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
-        dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
-        dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
-        dst[7] = __fsub_rn(x, ox);
-        dst[8] = __fsub_rn(y, oy);
-        if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
+        pillar_row(dst, oc, blk[s * C], blk[s * C + 1], blk[s * C + 2], blk[s * C + 3], sx, sy, sz, np, coords, v, p);
     }
 }
 

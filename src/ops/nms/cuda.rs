@@ -362,7 +362,7 @@ impl DeviceNms {
         // 4. sweep
         {
             let f = ctx.function("nms", "nms_sweep")?;
-            let smem = 2 * SWEEP_EPT * 16 + 2 * TILE * (8 + 4) + wt.max(1) * 8;
+            let smem = 2 * SWEEP_EPT * 16 + 2 * TILE * (8 + 4) + wt.max(1) * (8 + 4);
             if smem > self.smem_attr {
                 let max =
                     ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?

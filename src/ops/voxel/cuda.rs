@@ -3,22 +3,27 @@
 //! [`super`] (the CPU reference) exactly (integer outputs bit-identical; hard features and pillar features
 //! bit-identical; dynamic means computed in the reference's order, hence identical too).
 //!
-//! Algorithm (no serial pass, no memset, no host synchronization; 4 launches for W1 pillars):
+//! Algorithm (no serial pass, no memset, no host synchronization; 3 launches for W1 pillars):
 //! 1. one thread per point computes the voxel coordinate with the reference's f32 arithmetic and
 //!    takes a table slot: the cell itself on small grids (direct-mapped table, `DIRECT_MAX_CELLS`),
 //!    else an open-addressing hash slot (size from the profile's `hash_load_factor`); `atomicMax`
 //!    of `gen << 32 | !index` keeps the voxel's first point, tagged with the call's generation so
-//!    the table never needs clearing;
+//!    the table never needs clearing; hard voxels with `P <= 32` also count the points per slot,
+//!    each point keeping the count before its own (its place in its voxel's segment);
 //! 2. a single-pass decoupled look-back scan over the "first point of its voxel" flags, in input
 //!    order, gives every voxel its rank = output index (voxels past `max_voxels` dropped, counted);
-//!    the same kernel turns every point into its sort key (the rank of its voxel, read once the
-//!    tile of the voxel's first point has published it) and builds the radix histograms;
-//! 3. a stable LSD radix sort of the points by voxel rank (one launch per 8-bit digit, per-digit
-//!    decoupled look-back; values: point indices in input order) makes every voxel a contiguous
-//!    segment in input order: a point's slot is its offset in the segment (exact input-order
-//!    rank); the last pass also writes each segment's start;
-//! 4. one thread per (voxel, slot) writes the output (raw channels and/or fused pillar features);
-//!    dynamic means: one thread per (voxel, channel) sums the segment in f64 in input order.
+//!    for `P <= 32` the same kernel gives every kept voxel a segment of its count and every point
+//!    writes its index there (the order within a segment is the atomics'); otherwise it turns every
+//!    point into its sort key (the rank of its voxel, read once the tile of the voxel's first point
+//!    has published it) and builds the radix histograms;
+//! 3. `P <= 32`: one warp per voxel keeps the `min(count, P)` smallest indices of its segment in
+//!    ascending order (bitonic sorts and merges over the lanes), which are the reference's slots,
+//!    and writes the output. Otherwise a stable LSD radix sort of the points by voxel rank (one
+//!    launch per 8-bit digit, per-digit decoupled look-back) makes every voxel a contiguous segment
+//!    in input order (a point's slot is its offset in the segment; the last pass writes each
+//!    segment's start), then one thread per (voxel, slot) writes the output (raw channels and/or
+//!    fused pillar features); dynamic means: one thread per (voxel, channel) sums the segment in
+//!    f64 in input order.
 //!
 //! The scratch and output buffers are raw device allocations ([`DevBuf`]) passed to the kernels as
 //! plain pointers: cudarc's per-argument event tracking (a stream wait and an event record per
@@ -54,6 +59,8 @@ const CTR_OUT_OF_RANGE: usize = 2;
 const CTR_VOXEL_CAP: usize = 3;
 const CTR_POINT_CAP: usize = 4;
 const CTR_WORDS: usize = 16;
+/// Hard voxels with at most this many points per voxel take the select path (one warp per voxel).
+const SELECT_MAX_POINTS: u32 = 32;
 const RADIX_BINS: usize = 256;
 const RADIX_MAX_PASSES: usize = 4;
 /// Counters + global digit histograms (`CTR_TOTAL` in cuda/voxel.cu).
@@ -190,6 +197,7 @@ pub struct GpuVoxelizer {
     f_rank: CudaFunction,
     f_sort: CudaFunction,
     f_fill: CudaFunction,
+    f_select: CudaFunction,
     f_means: CudaFunction,
     f_pillar: CudaFunction,
     f_half: CudaFunction,
@@ -203,7 +211,14 @@ pub struct GpuVoxelizer {
     /// `gen << 32 | !first point` per slot (generation-tagged: never cleared).
     table_first: DevBuf<u64>,
     table_vid: DevBuf<u32>,
+    /// Select path: points per slot; all-zero between calls (the rank kernel resets what it read).
+    table_count: DevBuf<u32>,
     pslot: DevBuf<i32>,
+    /// Select path: each point's place in its voxel's segment.
+    point_pos: DevBuf<u32>,
+    /// Select path: the kept points' indices by voxel segment, and each kept voxel's length.
+    seg_points: DevBuf<u32>,
+    seg_len: DevBuf<u32>,
     rank_status: DevBuf<u64>,
     sort_status: DevBuf<u64>,
     counters: DevBuf<u32>,
@@ -228,6 +243,8 @@ pub struct GpuVoxelizer {
     gen: u32,
     /// False while a hash-mode call that dirties `table_keys` may not have been fully enqueued.
     keys_clean: bool,
+    /// False while a select-path call that dirties `table_count` may not have been fully enqueued.
+    counts_clean: bool,
 }
 
 fn cfg(blocks: usize, block: u32) -> LaunchConfig {
@@ -255,6 +272,7 @@ impl GpuVoxelizer {
             f_rank: f("vox_rank_keys")?,
             f_sort: f("vox_sort_pass")?,
             f_fill: f("vox_hard_fill")?,
+            f_select: f("vox_hard_select")?,
             f_means: f("vox_dyn_means")?,
             f_pillar: f("vox_pillar")?,
             f_half: f("vox_to_half")?,
@@ -264,7 +282,11 @@ impl GpuVoxelizer {
             table_keys: DevBuf::new(s, pools),
             table_first: DevBuf::new(s, pools),
             table_vid: DevBuf::new(s, pools),
+            table_count: DevBuf::new(s, pools),
             pslot: DevBuf::new(s, pools),
+            point_pos: DevBuf::new(s, pools),
+            seg_points: DevBuf::new(s, pools),
+            seg_len: DevBuf::new(s, pools),
             rank_status: DevBuf::new(s, pools),
             sort_status: DevBuf::new(s, pools),
             counters,
@@ -282,6 +304,7 @@ impl GpuVoxelizer {
             sorted_slot: 0,
             gen: 0,
             keys_clean: true,
+            counts_clean: true,
         })
     }
 
@@ -329,7 +352,9 @@ impl GpuVoxelizer {
         Ok(self.gen)
     }
 
-    /// Steps 1-3 (table, ranks + keys, sort with segment starts). Returns the params.
+    /// Steps 1-3: table, ranks, then `select`: unordered segments with their lengths (hard voxels,
+    /// `P <= 32`), else sort keys and the sort (segments in input order with their starts).
+    /// Returns the params.
     #[allow(clippy::too_many_arguments)]
     fn enqueue_core(
         &mut self,
@@ -341,6 +366,7 @@ impl GpuVoxelizer {
         max_voxels: Option<u32>,
         max_points: u32,
         point_outputs: bool,
+        select: bool,
         mut timer: Option<&mut StageTimer>,
     ) -> Result<VoxParams, GpuError> {
         grid.validate()?;
@@ -361,7 +387,7 @@ impl GpuVoxelizer {
         let direct = p.flags & FLAG_DIRECT != 0;
         let tiles = n.div_ceil(tile);
         let blocks = n.div_ceil(block as usize);
-        let passes = p.sort_passes as usize;
+        let passes = if select { 0 } else { p.sort_passes as usize };
         let first = self.table_first.ensure(slots)?;
         let vid = self.table_vid.ensure(slots)?;
         let tkeys = if direct {
@@ -375,13 +401,28 @@ impl GpuVoxelizer {
         };
         let pslot = self.pslot.ensure(n)?;
         let rstat = self.rank_status.ensure(tiles)?;
-        let sstat = self.sort_status.ensure(passes * tiles * RADIX_BINS)?;
         let coords = self.coords.ensure(3 * km.max(1))?;
-        let ka = self.keys[0].ensure(n)?;
-        let kb = self.keys[1].ensure(n)?;
-        let va = self.vals[0].ensure(n)?;
-        let vb = self.vals[1].ensure(n)?;
         let seg = self.seg_start.ensure(km.max(1))?;
+        let (tcount, ppos, segp, segl) = if select {
+            let c = self.table_count.ensure(slots)?;
+            if !self.counts_clean {
+                self.table_count.zero_all()?;
+            }
+            (c, self.point_pos.ensure(n)?, self.seg_points.ensure(n)?, self.seg_len.ensure(km.max(1))?)
+        } else {
+            (0, 0, 0, 0)
+        };
+        let (ka, kb, va, vb, sstat) = if select {
+            (0, 0, 0, 0, 0)
+        } else {
+            (
+                self.keys[0].ensure(n)?,
+                self.keys[1].ensure(n)?,
+                self.vals[0].ensure(n)?,
+                self.vals[1].ensure(n)?,
+                self.sort_status.ensure(passes * tiles * RADIX_BINS)?,
+            )
+        };
         let (pv, pc) =
             if point_outputs { (self.point_voxel.ensure(n)?, self.point_coords.ensure(3 * n)?) } else { (0, 0) };
         let mut mark = |name: &str| -> Result<(), GpuError> {
@@ -394,11 +435,14 @@ impl GpuVoxelizer {
         if !direct {
             self.keys_clean = false;
         }
+        if select {
+            self.counts_clean = false;
+        }
         {
             let mut l = s.launch_builder(&self.f_insert);
-            l.arg(&cloud_ptr).arg(&tkeys).arg(&first).arg(&pslot).arg(&ctr).arg(&pc).arg(&p);
-            // SAFETY: matches vox_insert; tables hold `slots` entries, pslot n, counters CTR_TOTAL,
-            // point_coords 3n or null.
+            l.arg(&cloud_ptr).arg(&tkeys).arg(&first).arg(&tcount).arg(&pslot).arg(&ppos).arg(&ctr).arg(&pc).arg(&p);
+            // SAFETY: matches vox_insert; tables hold `slots` entries (count table or null), pslot n,
+            // point_pos n or null, counters CTR_TOTAL, point_coords 3n or null.
             unsafe { l.launch(cfg(blocks, block)) }?;
         }
         mark("insert")?;
@@ -408,20 +452,29 @@ impl GpuVoxelizer {
                 .arg(&tkeys)
                 .arg(&first)
                 .arg(&vid)
+                .arg(&tcount)
+                .arg(&ppos)
                 .arg(&coords)
                 .arg(&rstat)
                 .arg(&ctr)
                 .arg(&ka)
                 .arg(&pv)
+                .arg(&segp)
+                .arg(&seg)
+                .arg(&segl)
                 .arg(&p);
-            // SAFETY: matches vox_rank_keys; coords holds 3 * key_max ints (ranks written only below
-            // min(max_voxels, distinct) <= key_max); status `tiles` words; keys n; point_voxel n or null.
+            // SAFETY: matches vox_rank_keys; coords holds 3 * key_max ints, seg_start / seg_len
+            // key_max words (ranks written only below min(max_voxels, distinct) <= key_max); status
+            // `tiles` words; keys n or null (select); seg_points n or null; point_voxel n or null.
             unsafe { l.launch(cfg(tiles, block)) }?;
         }
         if !direct {
             self.keys_clean = true; // the rank kernel clears every key the insert kernel set
         }
-        mark("rank+keys")?;
+        if select {
+            self.counts_clean = true; // and resets every count the insert kernel added
+        }
+        mark(if select { "rank+segments" } else { "rank+keys" })?;
         let stride = (tiles * RADIX_BINS * std::mem::size_of::<u64>()) as u64;
         for q in 0..passes {
             let last = q + 1 == passes;
@@ -480,6 +533,7 @@ impl GpuVoxelizer {
         }
         let s = &self.stream.clone();
         let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
+        let select = params.max_points_per_voxel <= SELECT_MAX_POINTS;
         let mut p = self.enqueue_core(
             ctx,
             cloud,
@@ -489,6 +543,7 @@ impl GpuVoxelizer {
             Some(params.max_voxels),
             params.max_points_per_voxel,
             false,
+            select,
             timer.as_deref_mut(),
         )?;
         let pc = match pillar {
@@ -515,17 +570,27 @@ impl GpuVoxelizer {
         if cloud.len == 0 {
             return Ok(());
         }
-        let vals = self.vals[self.sorted_slot].ptr();
         let seg = self.seg_start.ptr();
         let ctr = self.counters.ptr();
-        let mut l = s.launch_builder(&self.f_fill);
-        l.arg(&cloud_ptr).arg(&vals).arg(&seg).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil).arg(&p);
-        // One thread per (voxel, slot); P <= 32 rounds the slots up to a power of two (lane groups).
-        let lanes = if pp <= 32 { pp.next_power_of_two() } else { pp };
-        // SAFETY: matches vox_hard_fill; outputs sized for key_max voxels (>= kept voxels).
-        unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * lanes), ctx.profile.block_size.voxel)) }?;
+        let block = ctx.profile.block_size.voxel;
+        if select {
+            let (segp, segl) = (self.seg_points.ptr(), self.seg_len.ptr());
+            let mut l = s.launch_builder(&self.f_select);
+            l.arg(&cloud_ptr).arg(&segp).arg(&seg).arg(&segl).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil);
+            l.arg(&p);
+            // One warp per voxel. SAFETY: matches vox_hard_select; segments of the kept voxels
+            // (< key_max) written by the rank kernel; outputs sized for key_max voxels.
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * 32), block)) }?;
+        } else {
+            let vals = self.vals[self.sorted_slot].ptr();
+            let mut l = s.launch_builder(&self.f_fill);
+            l.arg(&cloud_ptr).arg(&vals).arg(&seg).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil).arg(&p);
+            // One thread per (voxel, slot). SAFETY: matches vox_hard_fill; outputs sized for
+            // key_max voxels (>= kept voxels).
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * pp), block)) }?;
+        }
         if let Some(t) = timer {
-            t.stage("fill")?;
+            t.stage(if select { "select" } else { "fill" })?;
         }
         Ok(())
     }
@@ -567,7 +632,7 @@ impl GpuVoxelizer {
     ) -> Result<(), GpuError> {
         let s = &self.stream.clone();
         let (cloud_ptr, _record) = cloud.slice().device_ptr(s);
-        let p = self.enqueue_core(ctx, cloud, cloud_ptr, channels, grid, None, 1, true, None)?;
+        let p = self.enqueue_core(ctx, cloud, cloud_ptr, channels, grid, None, 1, true, false, None)?;
         self.last = LastOp::Dynamic { points: cloud.len, num_channels: p.num_ch as usize };
         self.last_params = p;
         let km = p.key_max as usize;
