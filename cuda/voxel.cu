@@ -28,11 +28,12 @@
 //                        point writes its sort key = rank (flag bit 31 on the voxel's first point) or
 //                        key_max (dropped: out of range / voxel capacity), the per-pass digit
 //                        histograms (onesweep) and the drop counters; dynamic mode also writes
-//                        point_voxel. Select mode: the first points of kept voxels take their
-//                        segments (one atomicAdd per tile on a cursor: placement does not reach the
-//                        output), reset count[slot] (the table stays all-zero) and publish
-//                        seg_start / seg_len by rank; every kept point writes its index into its
-//                        segment at its insert position.
+//                        point_voxel. Select mode: the first points take their voxels' segments
+//                        (one atomicAdd per tile on a cursor, before the look-back: placement does
+//                        not reach the output), reset count[slot] (the table stays all-zero), put
+//                        the segment start in vid[slot] and, for kept voxels, seg_start / seg_len
+//                        by rank; every point of a kept voxel writes its index into its segment
+//                        at its insert position.
 //   3. vox_sort_pass     stable LSD radix pass (one launch per <= 8-bit digit; values = point indices,
 //                        the identity on the first pass): per-warp match_any ranks in input order,
 //                        per-digit decoupled look-back across tiles (generation-tagged status) on top
@@ -263,12 +264,15 @@ vox_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsi
 }
 
 // 2. Voxel ranks in first-point order, drop counters; sort mode (seg_points == null): sort keys and
-// digit histograms; select mode: the segments of the kept voxels, filled.
+// digit histograms; select mode: the segments of the kept voxels, filled. In select mode table_vid
+// holds, per slot, the start of the voxel's segment (SEG_DROPPED: a voxel past max_voxels), which
+// is all a point needs; seg_start / seg_len are written by rank for the select kernel.
+#define SEG_DROPPED 0xffffffffu
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, const unsigned long long* __restrict__ table_first,
               unsigned int* table_vid, unsigned int* table_count, const unsigned int* __restrict__ point_pos,
               int* __restrict__ coords, unsigned long long* status, unsigned int* ctr, unsigned int* __restrict__ keys,
-              int* __restrict__ point_voxel, unsigned int* __restrict__ seg_points, unsigned int* seg_start,
+              int* __restrict__ point_voxel, unsigned int* __restrict__ seg_points, unsigned int* __restrict__ seg_start,
               unsigned int* __restrict__ seg_len, const VoxParams p) {
     __shared__ unsigned int s_tile;
     __shared__ unsigned int s_prefix;
@@ -289,19 +293,30 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     const bool select = seg_points != nullptr;
 
     int slot[VOXEL_ITEMS];
-    unsigned int flags = 0u, count = 0u, oor = 0u, min_tile = tile;
+    // Select mode: a first point's voxel size, then its segment start; every point's segment place.
+    unsigned int seg_count[VOXEL_ITEMS], pos[VOXEL_ITEMS];
+    unsigned int flags = 0u, count = 0u, oor = 0u, min_tile = tile, seg_points_mine = 0u;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         const unsigned int idx = base + k;
         slot[k] = -1;
+        seg_count[k] = 0u;
+        pos[k] = 0u;
         if (idx < p.n) {
             const int s = pslot[idx];
             slot[k] = s;
             if (s >= 0) {
                 const unsigned int j = ~(unsigned int)table_first[s];
+                unsigned int c = 0u;
+                if (select) {
+                    pos[k] = point_pos[idx];
+                    c = table_count[s]; // loaded beside table_first: one dependent step, not two
+                }
                 if (j == idx) {
                     flags |= 1u << k;
                     ++count;
+                    seg_count[k] = c;
+                    seg_points_mine += c;
                 } else {
                     min_tile = min(min_tile, j / VOX_TILE);
                 }
@@ -310,9 +325,17 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
             }
         }
     }
+    // Select mode: this tile's voxels take their segments now (placement is free: one cursor
+    // atomic per tile, whose latency overlaps the look-back); voxels found past max_voxels below
+    // simply leave theirs unused (at most n entries in all).
+    unsigned int seg_excl = 0u, tile_points = 0u;
+    if (select) seg_excl = lk_block_excl_scan<VOX_WARPS>(seg_points_mine, s_warp, &tile_points);
     unsigned int tile_total;
     const unsigned int thread_excl = lk_block_excl_scan<VOX_WARPS>(count, s_warp, &tile_total); // ends with a barrier
     if (min_tile < tile) atomicMin(&s_min_tile, min_tile);
+    // The cursor atomic by a thread outside warp 0, which runs the look-back meanwhile.
+    if (select && threadIdx.x == 32u % VOXEL_BLOCK)
+        s_seg_base = tile_points ? atomicAdd(&ctr[CTR_SEG_POINTS], tile_points) : 0u;
 
     // Decoupled look-back by warp 0, 32 predecessors at a time.
     if (warp == 0) {
@@ -343,43 +366,29 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     }
     __syncthreads();
 
-    // First points: rank -> vid[slot], coordinates; clear the hash key (the table stays all-zero).
-    // Select mode: kept voxels take their segments in first-point order within the tile, at a base
-    // the tile takes from the cursor.
+    // First points: rank -> vid[slot] (select mode: the segment start), coordinates; clear the hash
+    // key and (select mode) the count: both tables stay all-zero between calls.
     const unsigned int first_rank = s_prefix + thread_excl;
-    unsigned int seg_count[VOXEL_ITEMS];
-    unsigned int seg_excl = 0u;
-    if (select) {
-        unsigned int mine = 0u;
-        unsigned int r = first_rank;
-#pragma unroll
-        for (int k = 0; k < VOXEL_ITEMS; ++k) {
-            seg_count[k] = 0u;
-            if (flags & (1u << k)) {
-                const unsigned int c = table_count[slot[k]];
-                table_count[slot[k]] = 0u;
-                if (r < p.max_voxels) seg_count[k] = c;
-                mine += seg_count[k];
-                ++r;
-            }
-        }
-        unsigned int tile_points;
-        seg_excl = lk_block_excl_scan<VOX_WARPS>(mine, s_warp, &tile_points);
-        if (threadIdx.x == 0) s_seg_base = tile_points ? atomicAdd(&ctr[CTR_SEG_POINTS], tile_points) : 0u;
-        __syncthreads();
-        seg_excl += s_seg_base;
-    }
+    if (select) seg_excl += s_seg_base;
     unsigned int r = first_rank;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         if (flags & (1u << k)) {
             const int s = slot[k];
-            table_vid[s] = r;
-            if (select && r < p.max_voxels) {
-                seg_start[r] = seg_excl;
-                seg_len[r] = seg_count[k];
+            if (select) {
+                const unsigned int len = seg_count[k];
+                table_count[s] = 0u;
+                if (r < p.max_voxels) {
+                    table_vid[s] = seg_excl;
+                    seg_start[r] = seg_excl;
+                    seg_len[r] = len;
+                } else {
+                    table_vid[s] = SEG_DROPPED;
+                }
                 seg_count[k] = seg_excl; // from here on: the start of the voxel's segment
-                seg_excl += seg_len[r];
+                seg_excl += len;
+            } else {
+                table_vid[s] = r;
             }
             if (direct) {
                 if (r < p.max_voxels) write_coord(coords, r, p, (unsigned long long)s);
@@ -405,18 +414,20 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         const unsigned int idx = base + k;
         if (idx < p.n) {
-            unsigned int key = p.key_max;
             const bool is_first = (flags >> k) & 1u;
+            if (select) {
+                if (slot[k] >= 0) {
+                    unsigned int start = SEG_DROPPED;
+                    if (!is_first) start = __ldcg(&table_vid[slot[k]]);
+                    else if (r++ < p.max_voxels) start = seg_count[k];
+                    if (start != SEG_DROPPED) seg_points[start + pos[k]] = idx; else ++vcap;
+                }
+                continue;
+            }
+            unsigned int key = p.key_max;
             if (slot[k] >= 0) {
                 const unsigned int vr = is_first ? r++ : __ldcg(&table_vid[slot[k]]);
                 if (vr < p.max_voxels) key = vr; else ++vcap;
-            }
-            if (select) {
-                if (key != p.key_max) {
-                    const unsigned int start = is_first ? seg_count[k] : __ldcg(&seg_start[key]);
-                    seg_points[start + point_pos[idx]] = idx;
-                }
-                continue;
             }
             keys[idx] = key | (is_first && key != p.key_max ? KEY_FIRST : 0u);
             if (point_voxel != nullptr) point_voxel[idx] = key == p.key_max ? -1 : (int)key;
@@ -542,25 +553,40 @@ __device__ __forceinline__ unsigned int kept_sorted(const unsigned int* counters
     return p.n - counters[CTR_OUT_OF_RANGE] - counters[CTR_VOXEL_CAP];
 }
 
-// The PointPillars channels of one slot (point x, y, z, intensity; sums over the voxel's np points
-// in slot order): the arithmetic of the CPU reference `ops::voxel::pillar_features`.
+// Channel k of a slot's PointPillars features (point x, y, z, intensity; the voxel's means
+// mx = sum / np and pillar centre ox, oy): the arithmetic of the CPU reference
+// `ops::voxel::pillar_features`.
+__device__ __forceinline__ float pillar_value(unsigned int k, float x, float y, float z, float intensity, float mx,
+                                              float my, float mz, float ox, float oy) {
+    switch (k) {
+    case 0: return x;
+    case 1: return y;
+    case 2: return z;
+    case 3: return intensity;
+    case 4: return __fsub_rn(x, mx);
+    case 5: return __fsub_rn(y, my);
+    case 6: return __fsub_rn(z, mz);
+    case 7: return __fsub_rn(x, ox);
+    case 8: return __fsub_rn(y, oy);
+    default: return __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
+    }
+}
+
+// The pillar centre (ox, oy) of voxel v.
+__device__ __forceinline__ float2 pillar_centre(const int* coords, unsigned int v, const VoxParams& p) {
+    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
+    return make_float2(__fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]),
+                       __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]));
+}
+
+// The oc PointPillars channels of one slot (sums over the voxel's np points in slot order).
 __device__ __forceinline__ void pillar_row(float* dst, unsigned int oc, float x, float y, float z, float intensity,
                                            float sx, float sy, float sz, unsigned int np, const int* coords,
                                            unsigned int v, const VoxParams& p) {
     const float nf = (float)np;
-    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
-    const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
-    const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
-    dst[0] = x;
-    dst[1] = y;
-    dst[2] = z;
-    dst[3] = intensity;
-    dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
-    dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
-    dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
-    dst[7] = __fsub_rn(x, ox);
-    dst[8] = __fsub_rn(y, oy);
-    if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
+    const float2 o = pillar_centre(coords, v, p);
+    const float mx = __fdiv_rn(sx, nf), my = __fdiv_rn(sy, nf), mz = __fdiv_rn(sz, nf);
+    for (unsigned int k = 0; k < oc; ++k) dst[k] = pillar_value(k, x, y, z, intensity, mx, my, mz, o.x, o.y);
 }
 
 // Slot s of voxel v holds point i (has) or padding: the raw row and/or the pillar row.
@@ -681,19 +707,42 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
             num_points[v] = np;
             pcap += cnt - np;
         }
-        const bool has = lane < np;
-        float sx = 0.0f, sy = 0.0f, sz = 0.0f;
+        // The voxel's [P, C] (and [P, oc]) blocks are written by the whole warp at consecutive
+        // addresses (element e: slot e / C, channel e % C); slot s's point comes from lane s.
+        if (p.flags & FLAG_RAW) {
+            const unsigned int C = p.num_ch, total = P * C;
+            float* blk = features + (unsigned long long)v * total;
+            for (unsigned int e0 = 0; e0 < total; e0 += 32u) {
+                const unsigned int e = e0 + lane, s = e / C, k = e - s * C;
+                const unsigned int i = __shfl_sync(0xffffffffu, best, (int)(s & 31u));
+                if (e < total) blk[e] = s < np ? col(cloud, p, k)[i] : 0.0f;
+            }
+        }
         if (p.flags & FLAG_PILLAR) {
+            const bool has = lane < np;
             const float x = has ? col(cloud, p, 0)[best] : 0.0f;
             const float y = has ? col(cloud, p, 1)[best] : 0.0f;
             const float z = has ? col(cloud, p, 2)[best] : 0.0f;
+            const float in = has ? col(cloud, p, 3)[best] : 0.0f;
+            float sx = 0.0f, sy = 0.0f, sz = 0.0f;
             for (unsigned int j = 0; j < np; ++j) {
                 sx = __fadd_rn(sx, __shfl_sync(0xffffffffu, x, (int)j));
                 sy = __fadd_rn(sy, __shfl_sync(0xffffffffu, y, (int)j));
                 sz = __fadd_rn(sz, __shfl_sync(0xffffffffu, z, (int)j));
             }
+            const float nf = (float)np;
+            const float mx = __fdiv_rn(sx, nf), my = __fdiv_rn(sy, nf), mz = __fdiv_rn(sz, nf);
+            const float2 o = pillar_centre(coords, v, p);
+            const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u, total = P * oc;
+            float* blk = pillar + (unsigned long long)v * total;
+            for (unsigned int e0 = 0; e0 < total; e0 += 32u) {
+                const unsigned int e = e0 + lane, s = e / oc, k = e - s * oc;
+                const int src = (int)(s & 31u);
+                const float px = __shfl_sync(0xffffffffu, x, src), py = __shfl_sync(0xffffffffu, y, src);
+                const float pz = __shfl_sync(0xffffffffu, z, src), pi = __shfl_sync(0xffffffffu, in, src);
+                if (e < total) blk[e] = s < np ? pillar_value(k, px, py, pz, pi, mx, my, mz, o.x, o.y) : 0.0f;
+            }
         }
-        if (lane < P) write_slot(cloud, features, pillar, coords, v, lane, has, has ? best : 0u, sx, sy, sz, np, p);
     }
     if (lane == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
 }
