@@ -175,13 +175,6 @@ __device__ __forceinline__ unsigned int st_wait(const unsigned long long* p, uns
     }
 }
 
-// Block reduce (sum) then one atomicAdd.
-__device__ __forceinline__ void block_count(unsigned int v, unsigned int* warp_buf, unsigned int* dst) {
-    unsigned int total;
-    lk_block_excl_scan<VOX_WARPS>(v, warp_buf, &total);
-    if (threadIdx.x == 0 && total != 0u) atomicAdd(dst, total);
-}
-
 __device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
 #pragma unroll
     for (unsigned int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -264,10 +257,9 @@ vox_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsi
 }
 
 // 2. Voxel ranks in first-point order, drop counters; sort mode (seg_points == null): sort keys and
-// digit histograms; select mode: the segments of the kept voxels, filled. In select mode table_vid
-// holds, per slot, the start of the voxel's segment (SEG_DROPPED: a voxel past max_voxels), which
-// is all a point needs; seg_start / seg_len are written by rank for the select kernel.
-#define SEG_DROPPED 0xffffffffu
+// digit histograms; select mode: the voxels' segments, filled. In select mode table_vid holds, per
+// slot, the start of the voxel's segment, which is all a point needs; seg_start / seg_len are
+// written by rank (kept voxels) for the select kernel.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, const unsigned long long* __restrict__ table_first,
               unsigned int* table_vid, unsigned int* table_count, const unsigned int* __restrict__ point_pos,
@@ -279,18 +271,24 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     __shared__ unsigned int s_min_tile;
     __shared__ unsigned int s_warp[VOX_WARPS];
     __shared__ unsigned int s_seg_base;
+    __shared__ unsigned int s_drop[2]; // out of range, voxel capacity
     __shared__ unsigned int s_hist[RADIX_MAX_PASSES * RADIX_BINS];
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) s_tile = atomicAdd(&ctr[CTR_RANK_TILE], 1u);
-    for (unsigned int w = threadIdx.x; w < p.sort_passes * RADIX_BINS; w += VOXEL_BLOCK) s_hist[w] = 0u;
+    const bool select = seg_points != nullptr;
+    if (threadIdx.x == 0) {
+        s_tile = atomicAdd(&ctr[CTR_RANK_TILE], 1u);
+        s_drop[0] = 0u;
+        s_drop[1] = 0u;
+    }
+    if (!select)
+        for (unsigned int w = threadIdx.x; w < p.sort_passes * RADIX_BINS; w += VOXEL_BLOCK) s_hist[w] = 0u;
     __syncthreads();
     const unsigned int tile = s_tile;
     if (threadIdx.x == 0) s_min_tile = tile;
     const unsigned int num_tiles = (p.n + VOX_TILE - 1) / VOX_TILE;
     const unsigned int base = tile * VOX_TILE + threadIdx.x * VOXEL_ITEMS;
     const bool direct = (p.flags & FLAG_DIRECT) != 0u;
-    const bool select = seg_points != nullptr;
 
     int slot[VOXEL_ITEMS];
     // Select mode: a first point's voxel size, then its segment start; every point's segment place.
@@ -325,17 +323,34 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
             }
         }
     }
-    // Select mode: this tile's voxels take their segments now (placement is free: one cursor
-    // atomic per tile, whose latency overlaps the look-back); voxels found past max_voxels below
-    // simply leave theirs unused (at most n entries in all).
-    unsigned int seg_excl = 0u, tile_points = 0u;
-    if (select) seg_excl = lk_block_excl_scan<VOX_WARPS>(seg_points_mine, s_warp, &tile_points);
+    // Select mode: this tile's voxels take their segments first (placement is free: one cursor
+    // atomic per tile; voxels found past max_voxels below leave theirs unused, at most n entries in
+    // all) and publish their starts by slot before the tile's aggregate: once a tile's look-back
+    // ends, every earlier tile has published at least its aggregate (a prefix needs the
+    // predecessors' aggregates, by induction), so every segment this tile's points need is
+    // written, with no further wait.
+    unsigned int seg_len_first[VOXEL_ITEMS];
+    if (select) {
+        unsigned int tile_points;
+        unsigned int seg_excl = lk_block_excl_scan<VOX_WARPS>(seg_points_mine, s_warp, &tile_points);
+        if (threadIdx.x == 0) s_seg_base = tile_points ? atomicAdd(&ctr[CTR_SEG_POINTS], tile_points) : 0u;
+        __syncthreads();
+        seg_excl += s_seg_base;
+#pragma unroll
+        for (int k = 0; k < VOXEL_ITEMS; ++k) {
+            seg_len_first[k] = seg_count[k];
+            if (flags & (1u << k)) {
+                table_vid[slot[k]] = seg_excl;
+                table_count[slot[k]] = 0u; // the table stays all-zero between calls
+                seg_count[k] = seg_excl;   // from here on: the start of the voxel's segment
+                seg_excl += seg_len_first[k];
+            }
+        }
+        __threadfence();
+    }
     unsigned int tile_total;
     const unsigned int thread_excl = lk_block_excl_scan<VOX_WARPS>(count, s_warp, &tile_total); // ends with a barrier
     if (min_tile < tile) atomicMin(&s_min_tile, min_tile);
-    // The cursor atomic by a thread outside warp 0, which runs the look-back meanwhile.
-    if (select && threadIdx.x == 32u % VOXEL_BLOCK)
-        s_seg_base = tile_points ? atomicAdd(&ctr[CTR_SEG_POINTS], tile_points) : 0u;
 
     // Decoupled look-back by warp 0, 32 predecessors at a time.
     if (warp == 0) {
@@ -357,6 +372,7 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
                 if (pm) break;
                 top -= 32;
             }
+            __threadfence();
         }
         if (lane == 0) {
             st_store(&status[tile], st_make(p.gen, ST_PREFIX, excl + tile_total));
@@ -366,76 +382,82 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     }
     __syncthreads();
 
-    // First points: rank -> vid[slot] (select mode: the segment start), coordinates; clear the hash
-    // key and (select mode) the count: both tables stay all-zero between calls.
+    // First points: rank -> coordinates (kept voxels), vid[slot] = rank (sort mode) or the kept
+    // voxel's segment by rank (select mode); clear the hash key (the table stays all-zero).
     const unsigned int first_rank = s_prefix + thread_excl;
-    if (select) seg_excl += s_seg_base;
+    unsigned int vcap = 0u;
     unsigned int r = first_rank;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         if (flags & (1u << k)) {
             const int s = slot[k];
+            const bool kept = r < p.max_voxels;
             if (select) {
-                const unsigned int len = seg_count[k];
-                table_count[s] = 0u;
-                if (r < p.max_voxels) {
-                    table_vid[s] = seg_excl;
-                    seg_start[r] = seg_excl;
-                    seg_len[r] = len;
+                if (kept) {
+                    seg_start[r] = seg_count[k];
+                    seg_len[r] = seg_len_first[k];
                 } else {
-                    table_vid[s] = SEG_DROPPED;
+                    vcap += seg_len_first[k]; // every in-range point of a dropped voxel, once
                 }
-                seg_count[k] = seg_excl; // from here on: the start of the voxel's segment
-                seg_excl += len;
             } else {
                 table_vid[s] = r;
             }
             if (direct) {
-                if (r < p.max_voxels) write_coord(coords, r, p, (unsigned long long)s);
+                if (kept) write_coord(coords, r, p, (unsigned long long)s);
             } else {
-                if (r < p.max_voxels) write_coord(coords, r, p, table_keys[s] - 1ull);
+                if (kept) write_coord(coords, r, p, table_keys[s] - 1ull);
                 table_keys[s] = 0ull;
             }
             ++r;
         }
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) st_store(&status[tile], st_make(p.gen, ST_DONE, s_prefix + tile_total));
-    // Wait until every earlier tile holding a first point of this tile's voxels is DONE.
-    const unsigned int mt = s_min_tile;
-    for (unsigned int jt = mt + threadIdx.x; jt < tile; jt += VOXEL_BLOCK) st_wait(&status[jt], p.gen, ST_DONE);
-    __threadfence();
-    __syncthreads();
-
-    unsigned int vcap = 0u;
-    r = first_rank;
+    if (select) {
+        // Every point writes its index into its voxel's segment (dropped voxels' too: unread).
 #pragma unroll
-    for (int k = 0; k < VOXEL_ITEMS; ++k) {
-        const unsigned int idx = base + k;
-        if (idx < p.n) {
-            const bool is_first = (flags >> k) & 1u;
-            if (select) {
-                if (slot[k] >= 0) {
-                    unsigned int start = SEG_DROPPED;
-                    if (!is_first) start = __ldcg(&table_vid[slot[k]]);
-                    else if (r++ < p.max_voxels) start = seg_count[k];
-                    if (start != SEG_DROPPED) seg_points[start + pos[k]] = idx; else ++vcap;
-                }
-                continue;
-            }
-            unsigned int key = p.key_max;
+        for (int k = 0; k < VOXEL_ITEMS; ++k) {
             if (slot[k] >= 0) {
-                const unsigned int vr = is_first ? r++ : __ldcg(&table_vid[slot[k]]);
-                if (vr < p.max_voxels) key = vr; else ++vcap;
+                const unsigned int start = (flags >> k) & 1u ? seg_count[k] : __ldcg(&table_vid[slot[k]]);
+                seg_points[start + pos[k]] = base + k;
             }
-            keys[idx] = key | (is_first && key != p.key_max ? KEY_FIRST : 0u);
-            if (point_voxel != nullptr) point_voxel[idx] = key == p.key_max ? -1 : (int)key;
-            for (unsigned int q = 0; q < p.sort_passes; ++q) atomicAdd(&s_hist[q * RADIX_BINS + radix_digit(p, key, q)], 1u);
+        }
+    } else {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) st_store(&status[tile], st_make(p.gen, ST_DONE, s_prefix + tile_total));
+        // Wait until every earlier tile holding a first point of this tile's voxels is DONE.
+        const unsigned int mt = s_min_tile;
+        for (unsigned int jt = mt + threadIdx.x; jt < tile; jt += VOXEL_BLOCK) st_wait(&status[jt], p.gen, ST_DONE);
+        __threadfence();
+        __syncthreads();
+        r = first_rank;
+#pragma unroll
+        for (int k = 0; k < VOXEL_ITEMS; ++k) {
+            const unsigned int idx = base + k;
+            if (idx < p.n) {
+                const bool is_first = (flags >> k) & 1u;
+                unsigned int key = p.key_max;
+                if (slot[k] >= 0) {
+                    const unsigned int vr = is_first ? r++ : __ldcg(&table_vid[slot[k]]);
+                    if (vr < p.max_voxels) key = vr; else ++vcap;
+                }
+                keys[idx] = key | (is_first && key != p.key_max ? KEY_FIRST : 0u);
+                if (point_voxel != nullptr) point_voxel[idx] = key == p.key_max ? -1 : (int)key;
+                for (unsigned int q = 0; q < p.sort_passes; ++q) atomicAdd(&s_hist[q * RADIX_BINS + radix_digit(p, key, q)], 1u);
+            }
         }
     }
-    block_count(oor, s_warp, &ctr[CTR_OUT_OF_RANGE]);
-    block_count(vcap, s_warp, &ctr[CTR_VOXEL_CAP]); // barriers inside: s_hist complete below
+    // Drop counters: warp sums into shared counters, one global atomic per tile and counter.
+    const unsigned int oor_w = warp_sum(oor), vcap_w = warp_sum(vcap);
+    if (lane == 0u) {
+        if (oor_w) atomicAdd(&s_drop[0], oor_w);
+        if (vcap_w) atomicAdd(&s_drop[1], vcap_w);
+    }
+    __syncthreads(); // s_drop and s_hist complete
+    if (threadIdx.x == 0) {
+        if (s_drop[0]) atomicAdd(&ctr[CTR_OUT_OF_RANGE], s_drop[0]);
+        if (s_drop[1]) atomicAdd(&ctr[CTR_VOXEL_CAP], s_drop[1]);
+    }
+    if (select) return;
     for (unsigned int w = threadIdx.x; w < p.sort_passes * RADIX_BINS; w += VOXEL_BLOCK) {
         const unsigned int c = s_hist[w];
         if (c != 0u) atomicAdd(&ctr[CTR_HIST + w], c);
@@ -553,40 +575,25 @@ __device__ __forceinline__ unsigned int kept_sorted(const unsigned int* counters
     return p.n - counters[CTR_OUT_OF_RANGE] - counters[CTR_VOXEL_CAP];
 }
 
-// Channel k of a slot's PointPillars features (point x, y, z, intensity; the voxel's means
-// mx = sum / np and pillar centre ox, oy): the arithmetic of the CPU reference
-// `ops::voxel::pillar_features`.
-__device__ __forceinline__ float pillar_value(unsigned int k, float x, float y, float z, float intensity, float mx,
-                                              float my, float mz, float ox, float oy) {
-    switch (k) {
-    case 0: return x;
-    case 1: return y;
-    case 2: return z;
-    case 3: return intensity;
-    case 4: return __fsub_rn(x, mx);
-    case 5: return __fsub_rn(y, my);
-    case 6: return __fsub_rn(z, mz);
-    case 7: return __fsub_rn(x, ox);
-    case 8: return __fsub_rn(y, oy);
-    default: return __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
-    }
-}
-
-// The pillar centre (ox, oy) of voxel v.
-__device__ __forceinline__ float2 pillar_centre(const int* coords, unsigned int v, const VoxParams& p) {
-    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
-    return make_float2(__fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]),
-                       __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]));
-}
-
-// The oc PointPillars channels of one slot (sums over the voxel's np points in slot order).
+// The oc PointPillars channels of one slot (point x, y, z, intensity; sums over the voxel's np
+// points in slot order): the arithmetic of the CPU reference `ops::voxel::pillar_features`.
 __device__ __forceinline__ void pillar_row(float* dst, unsigned int oc, float x, float y, float z, float intensity,
                                            float sx, float sy, float sz, unsigned int np, const int* coords,
                                            unsigned int v, const VoxParams& p) {
     const float nf = (float)np;
-    const float2 o = pillar_centre(coords, v, p);
-    const float mx = __fdiv_rn(sx, nf), my = __fdiv_rn(sy, nf), mz = __fdiv_rn(sz, nf);
-    for (unsigned int k = 0; k < oc; ++k) dst[k] = pillar_value(k, x, y, z, intensity, mx, my, mz, o.x, o.y);
+    const int cy = coords[3ull * v + 1], cx = coords[3ull * v + 2];
+    const float ox = __fadd_rn(__fmul_rn(__fadd_rn((float)cx, 0.5f), p.size[0]), p.min[0]);
+    const float oy = __fadd_rn(__fmul_rn(__fadd_rn((float)cy, 0.5f), p.size[1]), p.min[1]);
+    dst[0] = x;
+    dst[1] = y;
+    dst[2] = z;
+    dst[3] = intensity;
+    dst[4] = __fsub_rn(x, __fdiv_rn(sx, nf));
+    dst[5] = __fsub_rn(y, __fdiv_rn(sy, nf));
+    dst[6] = __fsub_rn(z, __fdiv_rn(sz, nf));
+    dst[7] = __fsub_rn(x, ox);
+    dst[8] = __fsub_rn(y, oy);
+    if (oc == 10u) dst[9] = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(x, x), __fmul_rn(y, y)), __fmul_rn(z, z)));
 }
 
 // Slot s of voxel v holds point i (has) or padding: the raw row and/or the pillar row.
@@ -681,6 +688,8 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
                 const unsigned int* __restrict__ seg_start, const unsigned int* __restrict__ seg_len,
                 const int* __restrict__ coords, unsigned int* counters, unsigned int* __restrict__ num_points,
                 float* __restrict__ features, float* __restrict__ pillar, const VoxParams p) {
+    // One row buffer per warp: 32 slots x max(VOX_MAX_CHANNELS, 10 pillar channels).
+    __shared__ float s_rows[VOX_WARPS][32 * VOX_MAX_CHANNELS];
     const unsigned int P = p.max_points;
     const unsigned int V = kept_voxels(counters, p);
     const unsigned int lane = threadIdx.x & 31u;
@@ -707,19 +716,20 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
             num_points[v] = np;
             pcap += cnt - np;
         }
-        // The voxel's [P, C] (and [P, oc]) blocks are written by the whole warp at consecutive
-        // addresses (element e: slot e / C, channel e % C); slot s's point comes from lane s.
+        // Lane s builds slot s's row in the warp's shared buffer (its loads all in flight at once),
+        // then the warp copies the voxel's [P, C] (and [P, oc]) block out at consecutive addresses.
+        float* buf = s_rows[threadIdx.x >> 5];
+        const bool has = lane < np;
         if (p.flags & FLAG_RAW) {
             const unsigned int C = p.num_ch, total = P * C;
+            if (lane < P)
+                for (unsigned int k = 0; k < C; ++k) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
+            __syncwarp();
             float* blk = features + (unsigned long long)v * total;
-            for (unsigned int e0 = 0; e0 < total; e0 += 32u) {
-                const unsigned int e = e0 + lane, s = e / C, k = e - s * C;
-                const unsigned int i = __shfl_sync(0xffffffffu, best, (int)(s & 31u));
-                if (e < total) blk[e] = s < np ? col(cloud, p, k)[i] : 0.0f;
-            }
+            for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];
+            __syncwarp();
         }
         if (p.flags & FLAG_PILLAR) {
-            const bool has = lane < np;
             const float x = has ? col(cloud, p, 0)[best] : 0.0f;
             const float y = has ? col(cloud, p, 1)[best] : 0.0f;
             const float z = has ? col(cloud, p, 2)[best] : 0.0f;
@@ -730,18 +740,16 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
                 sy = __fadd_rn(sy, __shfl_sync(0xffffffffu, y, (int)j));
                 sz = __fadd_rn(sz, __shfl_sync(0xffffffffu, z, (int)j));
             }
-            const float nf = (float)np;
-            const float mx = __fdiv_rn(sx, nf), my = __fdiv_rn(sy, nf), mz = __fdiv_rn(sz, nf);
-            const float2 o = pillar_centre(coords, v, p);
             const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u, total = P * oc;
-            float* blk = pillar + (unsigned long long)v * total;
-            for (unsigned int e0 = 0; e0 < total; e0 += 32u) {
-                const unsigned int e = e0 + lane, s = e / oc, k = e - s * oc;
-                const int src = (int)(s & 31u);
-                const float px = __shfl_sync(0xffffffffu, x, src), py = __shfl_sync(0xffffffffu, y, src);
-                const float pz = __shfl_sync(0xffffffffu, z, src), pi = __shfl_sync(0xffffffffu, in, src);
-                if (e < total) blk[e] = s < np ? pillar_value(k, px, py, pz, pi, mx, my, mz, o.x, o.y) : 0.0f;
+            if (has) {
+                pillar_row(buf + lane * oc, oc, x, y, z, in, sx, sy, sz, np, coords, v, p);
+            } else if (lane < P) {
+                for (unsigned int k = 0; k < oc; ++k) buf[lane * oc + k] = 0.0f;
             }
+            __syncwarp();
+            float* blk = pillar + (unsigned long long)v * total;
+            for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];
+            __syncwarp();
         }
     }
     if (lane == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
