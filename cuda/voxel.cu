@@ -96,8 +96,8 @@
 #define CTR_VOXEL_CAP 3     // in-range points of voxels not kept
 #define CTR_POINT_CAP 4     // points of kept voxels past P
 #define CTR_SORT_TILE 5     // 5..8: tile counter of sort pass q
-#define CTR_SEG_POINTS 32   // select mode: segment cursor (a cache line away from the tile counter)
-#define CTR_WORDS 64
+#define CTR_SEG_POINTS 9    // select mode: segment cursor (points of kept voxels)
+#define CTR_WORDS 16
 #define CTR_HIST CTR_WORDS  // RADIX_MAX_PASSES x RADIX_BINS global digit counts
 #define CTR_TOTAL (CTR_WORDS + RADIX_MAX_PASSES * RADIX_BINS)
 
@@ -662,12 +662,11 @@ vox_hard_fill(const float* __restrict__ cloud, const unsigned int* __restrict__ 
     if ((threadIdx.x & 31u) == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
 }
 
-// Ascending bitonic sort of one value per lane over the first `width` lanes (a power of two
-// <= 32, warp-uniform) of a full warp: stopping the network at `width` sorts each group of
-// `width` lanes, the first one ascending (a group of fewer values needs fewer steps).
-__device__ __forceinline__ unsigned int warp_sort_asc(unsigned int v, unsigned int width) {
+// Ascending bitonic sort of one value per lane across the 32 lanes of a full warp.
+__device__ __forceinline__ unsigned int warp_sort_asc(unsigned int v) {
     const unsigned int lane = threadIdx.x & 31u;
-    for (unsigned int k = 2; k <= width; k <<= 1) {
+#pragma unroll
+    for (unsigned int k = 2; k <= 32; k <<= 1) {
 #pragma unroll
         for (unsigned int j = k >> 1; j > 0; j >>= 1) {
             const unsigned int o = __shfl_xor_sync(0xffffffffu, v, (int)j);
@@ -700,14 +699,12 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
         const unsigned int* seg = seg_points + seg_start[v];
         const unsigned int cnt = seg_len[v];
         const unsigned int np = cnt < P ? cnt : P;
-        unsigned int width = 1u;
-        while (width < cnt && width < 32u) width <<= 1;
-        unsigned int best = warp_sort_asc(lane < cnt ? seg[lane] : 0xffffffffu, width);
+        unsigned int best = warp_sort_asc(lane < cnt ? seg[lane] : 0xffffffffu);
         for (unsigned int c0 = 32u; c0 < cnt; c0 += 32u) {
             unsigned int e = c0 + lane < cnt ? seg[c0 + lane] : 0xffffffffu;
             const unsigned int bar = __shfl_sync(0xffffffffu, best, (int)P - 1);
             if (__ballot_sync(0xffffffffu, e < bar) == 0u) continue;
-            e = warp_sort_asc(e, 32u);
+            e = warp_sort_asc(e);
             best = min(best, __shfl_sync(0xffffffffu, e, 31 - (int)lane));
 #pragma unroll
             for (unsigned int j = 16; j > 0; j >>= 1) {
@@ -725,12 +722,8 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
         const bool has = lane < np;
         if (p.flags & FLAG_RAW) {
             const unsigned int C = p.num_ch, total = P * C;
-            // Unrolled over the channel bound so that p.ch[k] is a constant parameter offset.
-            if (lane < P) {
-#pragma unroll
-                for (unsigned int k = 0; k < VOX_MAX_CHANNELS; ++k)
-                    if (k < C) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
-            }
+            if (lane < P)
+                for (unsigned int k = 0; k < C; ++k) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
             __syncwarp();
             float* blk = features + (unsigned long long)v * total;
             for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];

@@ -58,7 +58,7 @@ const CTR_VOXELS: usize = 1;
 const CTR_OUT_OF_RANGE: usize = 2;
 const CTR_VOXEL_CAP: usize = 3;
 const CTR_POINT_CAP: usize = 4;
-const CTR_WORDS: usize = 64;
+const CTR_WORDS: usize = 16;
 /// Hard voxels with at most this many points per voxel take the select path (one warp per voxel).
 const SELECT_MAX_POINTS: u32 = 32;
 const RADIX_BINS: usize = 256;
