@@ -96,7 +96,7 @@
 #define CTR_VOXEL_CAP 3     // in-range points of voxels not kept
 #define CTR_POINT_CAP 4     // points of kept voxels past P
 #define CTR_SORT_TILE 5     // 5..8: tile counter of sort pass q
-#define CTR_SEG_POINTS 9    // select mode: segment cursor (points of kept voxels)
+#define CTR_SEG_POINTS 9    // select mode: segment cursor (points of every in-range voxel)
 #define CTR_WORDS 16
 #define CTR_HIST CTR_WORDS  // RADIX_MAX_PASSES x RADIX_BINS global digit counts
 #define CTR_TOTAL (CTR_WORDS + RADIX_MAX_PASSES * RADIX_BINS)

@@ -216,7 +216,7 @@ pub struct GpuVoxelizer {
     pslot: DevBuf<i32>,
     /// Select path: each point's place in its voxel's segment.
     point_pos: DevBuf<u32>,
-    /// Select path: the kept points' indices by voxel segment, and each kept voxel's length.
+    /// Select path: the in-range points' indices by voxel segment, and each kept voxel's length.
     seg_points: DevBuf<u32>,
     seg_len: DevBuf<u32>,
     rank_status: DevBuf<u64>,
