@@ -291,14 +291,15 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     const bool direct = (p.flags & FLAG_DIRECT) != 0u;
 
     int slot[VOXEL_ITEMS];
-    // Select mode: a first point's voxel size, then its segment start; every point's segment place.
-    unsigned int seg_count[VOXEL_ITEMS], pos[VOXEL_ITEMS];
+    // Select mode: a first point's voxel size and segment start; every point's segment place.
+    unsigned int voxel_len[VOXEL_ITEMS], voxel_start[VOXEL_ITEMS], pos[VOXEL_ITEMS];
     unsigned int flags = 0u, count = 0u, oor = 0u, min_tile = tile, seg_points_mine = 0u;
 #pragma unroll
     for (int k = 0; k < VOXEL_ITEMS; ++k) {
         const unsigned int idx = base + k;
         slot[k] = -1;
-        seg_count[k] = 0u;
+        voxel_len[k] = 0u;
+        voxel_start[k] = 0u;
         pos[k] = 0u;
         if (idx < p.n) {
             const int s = pslot[idx];
@@ -313,7 +314,7 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
                 if (j == idx) {
                     flags |= 1u << k;
                     ++count;
-                    seg_count[k] = c;
+                    voxel_len[k] = c;
                     seg_points_mine += c;
                 } else {
                     min_tile = min(min_tile, j / VOX_TILE);
@@ -329,7 +330,6 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     // ends, every earlier tile has published at least its aggregate (a prefix needs the
     // predecessors' aggregates, by induction), so every segment this tile's points need is
     // written, with no further wait.
-    unsigned int seg_len_first[VOXEL_ITEMS];
     if (select) {
         unsigned int tile_points;
         unsigned int seg_excl = lk_block_excl_scan<VOX_WARPS>(seg_points_mine, s_warp, &tile_points);
@@ -338,19 +338,18 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
         seg_excl += s_seg_base;
 #pragma unroll
         for (int k = 0; k < VOXEL_ITEMS; ++k) {
-            seg_len_first[k] = seg_count[k];
             if (flags & (1u << k)) {
                 table_vid[slot[k]] = seg_excl;
                 table_count[slot[k]] = 0u; // the table stays all-zero between calls
-                seg_count[k] = seg_excl;   // from here on: the start of the voxel's segment
-                seg_excl += seg_len_first[k];
+                voxel_start[k] = seg_excl;
+                seg_excl += voxel_len[k];
             }
         }
         __threadfence();
     }
     unsigned int tile_total;
     const unsigned int thread_excl = lk_block_excl_scan<VOX_WARPS>(count, s_warp, &tile_total); // ends with a barrier
-    if (min_tile < tile) atomicMin(&s_min_tile, min_tile);
+    if (!select && min_tile < tile) atomicMin(&s_min_tile, min_tile); // for the DONE wait
 
     // Decoupled look-back by warp 0, 32 predecessors at a time.
     if (warp == 0) {
@@ -372,7 +371,7 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
                 if (pm) break;
                 top -= 32;
             }
-            __threadfence();
+            if (select) __threadfence(); // acquire: the earlier tiles' segment starts (above)
         }
         if (lane == 0) {
             st_store(&status[tile], st_make(p.gen, ST_PREFIX, excl + tile_total));
@@ -394,10 +393,10 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
             const bool kept = r < p.max_voxels;
             if (select) {
                 if (kept) {
-                    seg_start[r] = seg_count[k];
-                    seg_len[r] = seg_len_first[k];
+                    seg_start[r] = voxel_start[k];
+                    seg_len[r] = voxel_len[k];
                 } else {
-                    vcap += seg_len_first[k]; // every in-range point of a dropped voxel, once
+                    vcap += voxel_len[k]; // every in-range point of a dropped voxel, once
                 }
             } else {
                 table_vid[s] = r;
@@ -416,7 +415,7 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
 #pragma unroll
         for (int k = 0; k < VOXEL_ITEMS; ++k) {
             if (slot[k] >= 0) {
-                const unsigned int start = (flags >> k) & 1u ? seg_count[k] : __ldcg(&table_vid[slot[k]]);
+                const unsigned int start = (flags >> k) & 1u ? voxel_start[k] : __ldcg(&table_vid[slot[k]]);
                 seg_points[start + pos[k]] = base + k;
             }
         }
