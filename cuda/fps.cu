@@ -18,10 +18,11 @@
 // cooperatively); then every block reduces the G board entries itself (one L2 round trip).
 // The result is independent of scheduling: keys are unique and the max is associative.
 //
-// sm_90+ adds a thread-block-cluster path (fps_cl_PPT, below), exchanging through distributed
+// sm_90+ adds a thread-block-cluster path (fps_cl_BLOCK_PPT, below), exchanging through distributed
 // shared memory instead of global memory.
 //
-// Compile-time constants: FPS_BLOCK (threads per block, multiple of 32, <= 1024).
+// Compile-time constants: FPS_BLOCK (threads per block of fps_reg_* and fps_mem, multiple of 32,
+// <= 1024). The cluster kernels carry their own block size in their names.
 
 #include "common.cuh"
 
@@ -224,9 +225,12 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_8(FPS_ARGS) { fp
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_body<1, true>(FPS_PASS); }
 
 // ------------------------------------------------------------------------------------------------
-// sm_90+: one thread-block cluster per cloud (fps_cl_PPT), G = cluster size <= 16 blocks (launched
-// with a cluster-dimension attribute, no co-residency needed between clusters). Block r (cluster
-// rank r) owns points r * CHUNK .. (r + 1) * CHUNK of its cloud, CHUNK = FPS_BLOCK * PPT; thread t
+// sm_90+: one thread-block cluster per cloud (fps_cl_BLOCK_PPT), G = cluster size <= 16 blocks
+// (launched with a cluster-dimension attribute, no co-residency needed between clusters). A step's
+// time is mostly the latency of its reductions and exchange, which grows with the warps per block,
+// so these kernels use small blocks (256 or 512 threads) with up to 16 points per thread; the
+// host's cost model (src/ops/fps/cuda.rs) picks the block size, PPT and G. Block r (cluster
+// rank r) owns points r * CHUNK .. (r + 1) * CHUNK of its cloud, CHUNK = BLOCK * PPT; thread t
 // keeps points r * CHUNK + t * PPT + s, s < PPT (contiguous, so position order = index order) in
 // registers, and the block keeps a float4 copy of its chunk in dynamic shared memory (the winner's
 // coordinates). Per iteration:
@@ -300,13 +304,14 @@ __device__ __forceinline__ void mbar_wait(u64* bar, unsigned int parity) {
                  : "memory");
 }
 
-template <int PPT>
+template <int BLOCK, int PPT>
 __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, const unsigned int* __restrict__ offsets,
                                                  int* __restrict__ out, const FpsKernelParams& p) {
-    constexpr unsigned int CHUNK = (unsigned int)(FPS_BLOCK * PPT);
+    constexpr unsigned int CHUNK = (unsigned int)(BLOCK * PPT);
+    constexpr unsigned int WARPS = (unsigned int)(BLOCK / 32);
     extern __shared__ float4 s_pts[]; // CHUNK entries
-    __shared__ int s_wv[2][FPS_WARPS];
-    __shared__ unsigned int s_wi[2][FPS_WARPS];
+    __shared__ int s_wv[2][WARPS];
+    __shared__ unsigned int s_wi[2][WARPS];
     __shared__ __align__(8) u64 s_mbar[2];
     __shared__ int4 s_slot[2][FPS_CL_MAX];    // (value, index, x bits, y bits), written by rank
     __shared__ float s_slot_z[2][FPS_CL_MAX]; // z
@@ -323,7 +328,7 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
     int* row = out + (u64)cloud * K;
 
     if (rank == 0) {
-        for (unsigned int j = (len < K ? len : K) + tid; j < K; j += FPS_BLOCK) row[j] = -1;
+        for (unsigned int j = (len < K ? len : K) + tid; j < K; j += BLOCK) row[j] = -1;
     }
     if (len == 0) return; // the whole cluster returns (one cloud per cluster)
     const unsigned int steps = len < K ? len : K;
@@ -398,7 +403,7 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
         }
         __syncthreads();
         if (warp == 0) {
-            const int v2 = lane < FPS_WARPS ? s_wv[buf][lane] : (int)0x80000000;
+            const int v2 = lane < WARPS ? s_wv[buf][lane] : (int)0x80000000;
             const int bv = __reduce_max_sync(0xffffffffu, v2);
             const unsigned int bt = __ballot_sync(0xffffffffu, v2 == bv);
             const unsigned int bi = s_wi[buf][__ffs(bt) - 1];
@@ -436,17 +441,15 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
 #define FPS_CL_ARGS                                                                                     \
     const float* __restrict__ xyz, const unsigned int* __restrict__ offsets, int* __restrict__ out,    \
         const FpsKernelParams p
-#define FPS_CL(PPT)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(FPS_BLOCK, 1) fps_cl_##PPT(FPS_CL_ARGS) {                \
-        fps_cluster_body<PPT>(xyz, offsets, out, p);                                                    \
+// Must match CLUSTER_BLOCKS x CLUSTER_PPT in src/ops/fps/cuda.rs.
+#define FPS_CL(BLOCK, PPT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(BLOCK, 1) fps_cl_##BLOCK##_##PPT(FPS_CL_ARGS) {          \
+        fps_cluster_body<BLOCK, PPT>(xyz, offsets, out, p);                                             \
     }
-FPS_CL(1)
-FPS_CL(2)
-FPS_CL(3)
-FPS_CL(4)
-FPS_CL(5)
-FPS_CL(6)
-FPS_CL(7)
-FPS_CL(8)
+#define FPS_CL_PPTS(BLOCK)                                                                              \
+    FPS_CL(BLOCK, 1) FPS_CL(BLOCK, 2) FPS_CL(BLOCK, 4) FPS_CL(BLOCK, 6) FPS_CL(BLOCK, 8) FPS_CL(BLOCK, 10) \
+    FPS_CL(BLOCK, 12) FPS_CL(BLOCK, 14) FPS_CL(BLOCK, 16)
+FPS_CL_PPTS(256)
+FPS_CL_PPTS(512)
 
 #endif // __CUDA_ARCH__ >= 900

@@ -5,7 +5,10 @@ use super::VerifyError;
 use super::{load_scan, time_ms, upload_cloud, workload_xyz};
 use crate::cloud::Cloud;
 use crate::gpu::{upload_xyz, DeviceXyz, GpuContext};
-use crate::ops::fps::cuda::{farthest_point_sample_batched_with, farthest_point_sample_with, fps_enqueue, FpsScratch};
+use crate::ops::fps::cuda::{
+    cluster_capacity, farthest_point_sample_batched_with, farthest_point_sample_with, fps_enqueue, launch_cluster,
+    ClusterShape, FpsScratch, CLUSTER_BLOCKS, CLUSTER_PPT,
+};
 use crate::ops::fps::{self as cpu_fps, FpsParams};
 use std::path::Path;
 
@@ -149,6 +152,34 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
             })
             .collect();
         batched("scan0 8 x 16384, K=1024", &clouds, &FpsParams { num_samples: 1024, start_index: 0 })?;
+    }
+
+    // Every cluster kernel (sm_90+), launched with its own shape rather than the planner's: three
+    // blocks, the last one partly filled.
+    if ctx.compute_capability.0 >= 9 {
+        for block in CLUSTER_BLOCKS {
+            for ppt in CLUSTER_PPT {
+                let shape = ClusterShape { block, ppt, group: 3 };
+                let n = 2 * block * ppt + block * ppt / 2 + 7;
+                let (dev, host) = upload_cloud(ctx, &rng.cloud(n, 20.0))?;
+                let p = FpsParams { num_samples: 256, start_index: n / 3 };
+                let cpu = cpu_fps::farthest_point_sample(&host, &p)?;
+                let case = format!("cluster kernel {block} threads x {ppt} points x 3 blocks, {n} random, K=256");
+                if cluster_capacity(ctx, shape, 1)? == 0 {
+                    rows.push(row("fps", &case, n, false, false, "the shape cannot launch on this device".into()));
+                    continue;
+                }
+                let mut runs = Vec::new();
+                for _ in 0..2 {
+                    launch_cluster(ctx, &mut scratch, (&dev).into(), &[0, n], &p, shape)?;
+                    runs.push(scratch.download(ctx)?);
+                }
+                let same = runs[0] == cpu.indices;
+                let detail =
+                    if same { format!("via {}", scratch.last_plan.0) } else { first_diff(&runs[0], &cpu.indices) };
+                rows.push(row("fps", &case, n, same, runs[0] == runs[1], detail));
+            }
+        }
     }
     Ok(rows)
 }

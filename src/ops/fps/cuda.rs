@@ -8,9 +8,11 @@
 //! (up to 8 per thread, `FPS_BLOCK * 8 * G` points per cloud), else the kernel re-reads them from
 //! global memory (L2) with the min distances in a global scratch array.
 //!
-//! On sm_90+ a cloud of up to `16 * FPS_BLOCK * 8` points instead runs as one thread-block cluster
-//! (`fps_cl_PPT`): the blocks exchange their arg-max through distributed shared memory (st.async +
-//! mbarrier), with no global-memory traffic per iteration.
+//! On sm_90+ a cloud of up to `16 * 512 * 16` points instead runs as one thread-block cluster
+//! (`fps_cl_BLOCK_PPT`): the blocks exchange their arg-max through distributed shared memory
+//! (st.async + mbarrier), with no global-memory traffic per iteration. The cluster kernels choose
+//! their own block size (256 or 512 threads, see [`cluster_plan`]); the profile's
+//! `block_size.fps` sets the other paths'.
 
 use super::{BatchedFps, FpsOutput, FpsParams};
 use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
@@ -47,12 +49,21 @@ pub struct FpsScratch {
     out_len: usize,
     /// The last launch: kernel name, blocks per cloud.
     pub last_plan: (String, u32),
-    /// Cluster plans already chosen: (clouds, longest cloud, block size) -> (PPT, cluster size).
-    cluster_plans: Vec<ClusterPlan>,
+    /// Cluster plans already chosen: (clouds, longest cloud, profile block size) -> plan.
+    cluster_plans: Vec<((usize, usize, usize), Option<ClusterShape>)>,
 }
 
-/// (clouds, longest cloud, block size) -> (points per thread, cluster size) or None.
-type ClusterPlan = ((usize, usize, usize), Option<(usize, usize)>);
+/// One launch shape of the cluster path: `fps_cl_{block}_{ppt}` in clusters of `group` blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterShape {
+    pub block: usize,
+    pub ppt: usize,
+    pub group: usize,
+}
+
+/// Block sizes and points per thread of the cluster kernels (`FPS_CL_PPTS` in cuda/fps.cu).
+pub const CLUSTER_BLOCKS: [usize; 2] = [256, 512];
+pub const CLUSTER_PPT: [usize; 9] = [1, 2, 4, 6, 8, 10, 12, 14, 16];
 
 impl FpsScratch {
     pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
@@ -155,8 +166,8 @@ pub fn fps_enqueue(
             p
         }
     };
-    if let Some((ppt, g)) = plan {
-        return launch_cluster(ctx, scratch, points, offsets, params, nb, ppt, g);
+    if let Some(shape) = plan {
+        return launch_cluster(ctx, scratch, points, offsets, params, shape);
     }
 
     // Plan: fewest blocks per cloud with points in registers, else the memory path.
@@ -265,75 +276,98 @@ fn max_active_clusters(
     }
 }
 
-/// Dynamic shared memory of `fps_cl_{ppt}`: a float4 per point of the block's chunk.
-fn cluster_smem(b: usize, ppt: usize) -> usize {
-    b * ppt * 16
+/// Dynamic shared memory of a cluster kernel: a float4 per point of the block's chunk.
+fn cluster_smem(shape: ClusterShape) -> usize {
+    shape.block * shape.ppt * 16
 }
 
-/// Points per thread and cluster size of the cluster path (sm_90+), or None: the fewest waves of
-/// clusters times the per-iteration cost (about PPT point updates plus a fixed exchange cost of
-/// ~6 updates).
-fn cluster_plan(ctx: &GpuContext, nb: usize, maxlen: usize, b: usize) -> Option<(usize, usize)> {
+/// Modelled time of one FPS step of the cluster path, in ns, for `block` threads per block, `ppt`
+/// points per thread and `group` blocks per cluster: a least-squares fit of the step times
+/// measured on the H200 over nine shapes (BENCHMARKS.md, 2026-12-02 "FPS cluster shapes"; within
+/// 7 % of every one). A step is mostly latency (block reduce, exchange, cluster reduce), which grows
+/// with the warps per block and the cluster size; the points per thread add the update's chain.
+fn cluster_step_ns(block: usize, ppt: usize, group: usize) -> f64 {
+    97.0 + 18.3 * (block / 32) as f64 + 25.3 * ppt as f64 + 24.9 * group as f64
+}
+
+/// The cluster shape (sm_90+) of the lowest modelled time for `nb` clouds of at most `maxlen`
+/// points, or None (then the register or memory path runs). `b` is the profile's block size,
+/// that of the single-block register path.
+fn cluster_plan(ctx: &GpuContext, nb: usize, maxlen: usize, b: usize) -> Option<ClusterShape> {
     if ctx.compute_capability.0 < 9 || b == 0 || maxlen == 0 {
         return None;
     }
-    let mut best: Option<(f64, usize, usize)> = None;
-    for ppt in 1..=8usize {
-        let g = maxlen.div_ceil(b * ppt).max(1);
-        // g = 1 is no cluster (compute-sanitizer rejects DSMEM/st.async in 1-block clusters): the
-        // single-block register path does it without any exchange.
-        if !(2..=16).contains(&g) {
-            continue;
-        }
-        let Ok(func) = ctx.function("fps", &format!("fps_cl_{ppt}")) else { return None };
-        let smem = cluster_smem(b, ppt);
-        if func
-            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .is_err()
-        {
-            continue;
-        }
-        if g > 8
-            && func
-                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                .is_err()
-        {
-            continue;
-        }
-        let active = max_active_clusters(ctx, &func, g, b, nb, smem) as usize;
-        if active == 0 {
-            continue;
-        }
-        let waves = nb.div_ceil(active);
-        // Clouds that fit one block (maxlen <= b * 8) already run without exchange on the register
-        // path: take clusters for them only when they all run at once.
-        if maxlen <= b * 8 && waves > 1 {
-            continue;
-        }
-        let cost = waves as f64 * (ppt as f64 + 6.0);
-        if best.is_none_or(|(c, _, _)| cost < c) {
-            best = Some((cost, ppt, g));
+    let mut best: Option<(f64, ClusterShape)> = None;
+    for block in CLUSTER_BLOCKS {
+        for ppt in CLUSTER_PPT {
+            let group = maxlen.div_ceil(block * ppt).max(1);
+            // g = 1 is no cluster (compute-sanitizer rejects DSMEM/st.async in 1-block clusters): the
+            // single-block register path does it without any exchange.
+            if !(2..=16).contains(&group) {
+                continue;
+            }
+            let shape = ClusterShape { block, ppt, group };
+            let Ok(active) = cluster_capacity(ctx, shape, nb) else { return None };
+            if active == 0 {
+                continue;
+            }
+            let waves = nb.div_ceil(active);
+            // Clouds that fit one block (maxlen <= b * 8) already run without exchange on the
+            // register path: take clusters for them only when they all run at once.
+            if maxlen <= b * 8 && waves > 1 {
+                continue;
+            }
+            let cost = waves as f64 * cluster_step_ns(block, ppt, group);
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, shape));
+            }
         }
     }
-    best.map(|(_, ppt, g)| (ppt, g))
+    best.map(|(_, shape)| shape)
 }
 
-/// The cluster path: `fps_cl_{ppt}` over `nb` clusters of `g` blocks (cuLaunchKernelEx).
-#[allow(clippy::too_many_arguments)]
-fn launch_cluster(
+/// Clusters of `shape` that can be resident at once (0 when the shape cannot launch). Sets the
+/// kernel's dynamic shared memory and non-portable cluster size attributes it needs.
+pub fn cluster_capacity(ctx: &GpuContext, shape: ClusterShape, nb: usize) -> Result<usize, GpuError> {
+    let func = ctx.function("fps", &cluster_kernel(shape))?;
+    let smem = cluster_smem(shape);
+    if func
+        .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+        .is_err()
+    {
+        return Ok(0);
+    }
+    if shape.group > 8
+        && func
+            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            .is_err()
+    {
+        return Ok(0);
+    }
+    Ok(max_active_clusters(ctx, &func, shape.group, shape.block, nb, smem) as usize)
+}
+
+fn cluster_kernel(shape: ClusterShape) -> String {
+    format!("fps_cl_{}_{}", shape.block, shape.ppt)
+}
+
+/// The cluster path: `nb` clusters of `shape` (cuLaunchKernelEx). The planner calls it with the
+/// shape it chose; check-gpu also calls it with every shape, to compare each kernel with the CPU.
+pub fn launch_cluster(
     ctx: &GpuContext,
     scratch: &mut FpsScratch,
     points: DeviceXyz<'_>,
     offsets: &[usize],
     params: &FpsParams,
-    nb: usize,
-    ppt: usize,
-    g: usize,
+    shape: ClusterShape,
 ) -> Result<(), GpuError> {
     let stream = &ctx.stream;
+    let nb = offsets.len().saturating_sub(1);
     let k = params.num_samples;
-    let name = format!("fps_cl_{ppt}");
+    let name = cluster_kernel(shape);
+    let g = shape.group;
     scratch.last_plan = (name.clone(), g as u32);
+    scratch.out_len = nb * k;
     let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
     let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
     if scratch.uploaded_offsets != offs {
@@ -347,7 +381,7 @@ fn launch_cluster(
         group: g as u32,
         k: k as u32,
         start: params.start_index as u32,
-        chunk: (ctx.profile.block_size.fps as usize * ppt) as u32,
+        chunk: (shape.block * shape.ppt) as u32,
         pad_: 0,
     };
     let func = ctx.function("fps", &name)?;
@@ -363,7 +397,7 @@ fn launch_cluster(
     // SAFETY: argument order and types match `fps_cl_*` in cuda/fps.cu (xyz, offsets,
     // out, params); out >= nb * k, offsets nb + 1 entries, points cover offsets[nb] with `stride`;
     // the grid is nb clusters of g blocks (g <= 16, non-portable sizes and the dynamic shared memory
-    // (b * ppt float4) enabled by cluster_plan and checked with cuOccupancyMaxActiveClusters); the
+    // (block * ppt float4) enabled by cluster_capacity, which the caller ran for this shape); the
     // argument values outlive the call (the driver copies them).
     unsafe {
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
@@ -375,10 +409,10 @@ fn launch_cluster(
             gridDimX: (nb * g) as u32,
             gridDimY: 1,
             gridDimZ: 1,
-            blockDimX: ctx.profile.block_size.fps,
+            blockDimX: shape.block as u32,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: cluster_smem(ctx.profile.block_size.fps as usize, ppt) as u32,
+            sharedMemBytes: cluster_smem(shape) as u32,
             hStream: stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,
