@@ -100,6 +100,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         ),
         ("lattice dups 20000, K=2048".into(), rng.lattice(20000, 12), FpsParams { num_samples: 2048, start_index: 5 }),
         ("100k random, K=1024".into(), rng.cloud(100_000, 50.0), FpsParams { num_samples: 1024, start_index: 12345 }),
+        ("1M random, K=64".into(), rng.cloud(1_000_000, 80.0), FpsParams { num_samples: 64, start_index: 999_999 }),
         ("1.2M random, K=48".into(), rng.cloud(1_200_000, 80.0), FpsParams { num_samples: 48, start_index: 7 }),
     ];
     for (case, cloud, p) in &cases {
