@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use lidar_kernels::bag::sample;
-use lidar_kernels::gpu::{select_backend, BackendKind, FaultPlan, GpuContext};
+use lidar_kernels::gpu::{select_backend, BackendKind, FaultPlan, GpuContext, GpuOptions};
 use lidar_kernels::pipeline::{Engine, PipelineConfig};
 use lidar_kernels::replay::{replay, ReplayOptions};
 use lidar_kernels::verify;
@@ -151,6 +151,10 @@ enum Command {
         data_dir: PathBuf,
         #[arg(long, default_value = "auto")]
         profile: String,
+        /// Run on a green context of at least this many SMs (the driver rounds up), e.g. 16 as a
+        /// proxy for Jetson Orin AGX's 16 SMs; the device line says how many were given.
+        #[arg(long)]
+        sms: Option<u32>,
         /// Also write the table (markdown) here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -424,9 +428,13 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Bench { workloads, data_dir, profile, out } => {
-            let ctx = cuda_context(&profile)?;
-            let table = verify::bench_all(&ctx, &workloads, &data_dir)?;
+        Command::Bench { workloads, data_dir, profile, sms, out } => {
+            let options = GpuOptions { profile: profile.parse()?, sm_limit: sms, ..GpuOptions::default() };
+            let ctx = match sms {
+                None => cuda_context(&profile)?,
+                Some(_) => GpuContext::new(options.clone())?,
+            };
+            let table = verify::bench_all(&ctx, &options, &workloads, &data_dir)?;
             println!("{table}");
             write_report(out.as_deref(), &table.to_string())
         }

@@ -24,6 +24,9 @@ pub struct GpuOptions {
     pub profile: ProfileChoice,
     /// Cubin cache folder; `None` uses [`nvrtc::default_cache_dir`].
     pub cache_dir: Option<PathBuf>,
+    /// Run on a green context of this many SMs (at least; the driver rounds up to its partition
+    /// granularity) instead of the whole device: `bench --sms 16` as an Orin-sized proxy.
+    pub sm_limit: Option<u32>,
     /// Compile every kernel, read and write no cache.
     pub no_cache: bool,
 }
@@ -86,6 +89,54 @@ pub struct PoolStats {
     pub cloud_pool_growths: u64,
 }
 
+/// A context on `min_sms` (rounded up by the driver) of the device's SMs, and its SM count.
+/// The context is never destroyed: a green context's converted context must not be passed to
+/// cuCtxDestroy, which is what dropping a non-primary `CudaContext` does, so the process keeps it.
+fn green_context(ordinal: usize, min_sms: u32) -> Result<(Arc<CudaContext>, i32), GpuError> {
+    // The driver may be newer than the bindings' CUDA version, whose CUdevResource may be smaller
+    // than the driver's (CUDA 13 appended a field): room to spare behind each one.
+    #[repr(C)]
+    struct Resource {
+        r: sys::CUdevResource,
+        spare: [u8; 256],
+    }
+    let fail = |what: &str, r: sys::CUresult| {
+        GpuError::NoDevice(format!("green context of {min_sms} SMs: {what} failed: {r:?}"))
+    };
+    let ok = |what: &str, r: sys::CUresult| if r == sys::CUresult::CUDA_SUCCESS { Ok(()) } else { Err(fail(what, r)) };
+    // SAFETY: plain driver calls on zeroed, oversized out-structs; the device ordinal was checked
+    // by the caller; the converted context is handed to CudaContext and never destroyed (above).
+    unsafe {
+        let mut dev: sys::CUdevice = 0;
+        ok("cuDeviceGet", sys::cuDeviceGet(&mut dev, ordinal as i32))?;
+        let mut all: Resource = std::mem::zeroed();
+        ok(
+            "cuDeviceGetDevResource",
+            sys::cuDeviceGetDevResource(dev, &mut all.r, sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM),
+        )?;
+        let mut part: Resource = std::mem::zeroed();
+        let mut rest: Resource = std::mem::zeroed();
+        let mut groups = 1u32;
+        ok(
+            "cuDevSmResourceSplitByCount",
+            sys::cuDevSmResourceSplitByCount(&mut part.r, &mut groups, &all.r, &mut rest.r, 0, min_sms),
+        )?;
+        if groups < 1 {
+            return Err(fail("cuDevSmResourceSplitByCount (no group)", sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
+        let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+        ok("cuDevResourceGenerateDesc", sys::cuDevResourceGenerateDesc(&mut desc, &mut part.r, 1))?;
+        let mut green: sys::CUgreenCtx = std::ptr::null_mut();
+        let flags = sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32;
+        ok("cuGreenCtxCreate", sys::cuGreenCtxCreate(&mut green, desc, dev, flags))?;
+        let mut raw: sys::CUcontext = std::ptr::null_mut();
+        ok("cuCtxFromGreenCtx", sys::cuCtxFromGreenCtx(&mut raw, green))?;
+        let ctx = CudaContext::from_raw_context(ordinal, dev, raw)?;
+        std::mem::forget(ctx.clone());
+        Ok((ctx, part.r.__bindgen_anon_1.sm.smCount as i32))
+    }
+}
+
 impl GpuContext {
     /// Opens the device, picks the profile and loads every kernel module (compiling what the cache
     /// lacks). The caller has checked that the driver and NVRTC libraries exist (see
@@ -106,10 +157,16 @@ impl GpuContext {
         if options.ordinal >= count as usize {
             return Err(GpuError::NoDevice(format!("device {} requested, {count} present", options.ordinal)));
         }
-        let ctx = CudaContext::new(options.ordinal)?;
+        let (ctx, sm_count) = match options.sm_limit {
+            None => {
+                let ctx = CudaContext::new(options.ordinal)?;
+                let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                (ctx, sms)
+            }
+            Some(n) => green_context(options.ordinal, n)?,
+        };
         let device_name = ctx.name()?;
         let compute_capability = ctx.compute_capability()?;
-        let sm_count = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let nvrtc_version = nvrtc::nvrtc_version()?;
         let profile =
             options.profile.resolve(&TunedFor::of(&device_name, compute_capability, nvrtc_version), sm_count)?;

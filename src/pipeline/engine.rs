@@ -79,17 +79,22 @@ impl Engine {
     pub fn select(kind: BackendKind, profile: ProfileChoice) -> Result<Self, GpuError> {
         Ok(match CudaBackend::select(kind, profile.clone())? {
             None => Engine::Cpu(CpuBackend),
-            Some(b) => Engine::Cuda(Box::new(CudaEngine {
-                description: b.describe(),
-                backend: Some(b),
-                profile,
-                frames: 0,
-                fault: None,
-                backoff: FIRST_BACKOFF,
-                retry_at: Instant::now(),
-                clean_frames: 0,
-            })),
+            Some(b) => Self::cuda(b, profile),
         })
+    }
+
+    /// The CUDA engine on `backend`; after a device fault it reopens the device with `profile`.
+    pub fn cuda(backend: CudaBackend, profile: ProfileChoice) -> Self {
+        Engine::Cuda(Box::new(CudaEngine {
+            description: backend.describe(),
+            backend: Some(backend),
+            profile,
+            frames: 0,
+            fault: None,
+            backoff: FIRST_BACKOFF,
+            retry_at: Instant::now(),
+            clean_frames: 0,
+        }))
     }
 
     /// Arms a test fault (`--inject-gpu-fault`); `false` on the CPU backend, which has none.

@@ -7,7 +7,8 @@ use super::VerifyError;
 use super::{detect, fps, neighbors, nms, voxel};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
-use crate::gpu::{BackendKind, GpuContext, GpuError, GpuOptions, ProfileChoice};
+use crate::gpu::{GpuContext, GpuError, GpuOptions, ProfileChoice};
+use crate::ops::backend::CudaBackend;
 use crate::pipeline::{Engine, Pipeline, PipelineConfig};
 use std::path::Path;
 use std::time::Instant;
@@ -118,14 +119,14 @@ const PIPELINE_BENCHES: [(&str, &str, Option<f64>); 3] = [
 /// The whole pipeline on one 107k-point Ouster scan, wall clock per frame: CDR bytes -> pinned
 /// staging -> H2D -> gather -> the configured stages -> every published message encoded as CDR on
 /// the host. Medians of 50 frames after 10 warm-up frames; stage p50s in the note.
-fn bench_pipeline(ouster_dir: &Path, profile: &str) -> Result<Vec<BenchRow>, VerifyError> {
+fn bench_pipeline(ouster_dir: &Path, options: &GpuOptions) -> Result<Vec<BenchRow>, VerifyError> {
     let path = ouster_dir.join(SCANS[0]);
     let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
     let cdr = ouster_cloud_message(&scan, Header::default()).to_cdr();
     let mut rows = Vec::new();
     for (name, yaml, target_ms) in PIPELINE_BENCHES {
         let config = PipelineConfig::from_yaml(yaml, name).expect("the bench configurations are valid");
-        let engine = Engine::select(BackendKind::Cuda, profile.parse().expect("infallible"))?;
+        let engine = Engine::cuda(CudaBackend::new(GpuContext::new(options.clone())?)?, options.profile.clone());
         let mut pipeline = Pipeline::with_engine(config, engine);
         let (median_ms, stages) = time_pipeline(&mut pipeline, &cdr, 10, 50)?;
         rows.push(BenchRow {
@@ -174,13 +175,20 @@ pub(super) fn time_pipeline(
 }
 
 /// Every benchmark on the fixed workloads in `workloads` (see shared/bench/workloads.py).
-pub fn bench_all(ctx: &GpuContext, workloads: &Path, ouster_dir: &Path) -> Result<BenchTable, VerifyError> {
+/// Every bench row on `ctx`; the pipeline rows open their own contexts with `options` (the same
+/// profile and SM limit as `ctx`).
+pub fn bench_all(
+    ctx: &GpuContext,
+    options: &GpuOptions,
+    workloads: &Path,
+    ouster_dir: &Path,
+) -> Result<BenchTable, VerifyError> {
     let mut rows = voxel::bench(ctx, workloads)?;
     rows.extend(fps::bench(ctx, workloads)?);
     rows.extend(neighbors::bench(ctx, workloads)?);
     rows.extend(nms::bench(ctx, workloads)?);
     rows.extend(detect::bench(ctx, ouster_dir)?);
-    rows.extend(bench_pipeline(ouster_dir, &ctx.profile.name)?);
+    rows.extend(bench_pipeline(ouster_dir, options)?);
     Ok(BenchTable {
         device: format!("{} ({}, {} SMs, profile {})", ctx.device_name, ctx.arch, ctx.sm_count, ctx.profile.name),
         copy_bandwidth_gbs: copy_bandwidth_gbs(ctx)?,

@@ -79,12 +79,13 @@ impl CudaBackend {
     pub fn new(ctx: GpuContext) -> Result<Self, GpuError> {
         // Voxelization and the downsample run on a stream of their own: the stage sequence starts
         // FPS (the longest kernel, on a few SMs) first, and they run beside it.
+        // The neighbour grid (it needs the points only, not the samples) is built there too.
         let side = ctx.ctx.new_stream()?;
         Ok(Self {
             voxelizer: GpuVoxelizer::on_stream(&ctx, side.clone())?,
-            downsampler: GpuVoxelizer::on_stream(&ctx, side)?,
+            downsampler: GpuVoxelizer::on_stream(&ctx, side.clone())?,
             fps: FpsScratch::new(&ctx)?,
-            neighbors: NeighborsScratch::new(&ctx)?,
+            neighbors: NeighborsScratch::with_grid_stream(&ctx, side)?,
             nms: DeviceNms::new(&ctx)?,
             detector: DeviceDetector::new(&ctx)?,
             queries: GrowBuffer::new(&ctx.stream, 3 * 4096)?,

@@ -16,7 +16,8 @@
 use super::{BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors};
 use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
 use crate::ops::Validate;
-use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
 
 /// Cells allowed per point (worst-case size of the count and start arrays).
 const CELLS_PER_POINT: usize = 2;
@@ -41,12 +42,21 @@ pub struct NeighborsScratch {
     out_cnt: GrowBuffer<u32>,
     rows: usize,
     width: usize,
+    /// The stream the grid is built on (the queries run on the context's stream; the buffers'
+    /// events order the two).
+    grid_stream: Arc<CudaStream>,
     /// Kernel of the last query launch.
     pub last_kernel: String,
 }
 
 impl NeighborsScratch {
     pub fn new(ctx: &GpuContext) -> Result<Self, GpuError> {
+        Self::with_grid_stream(ctx, ctx.stream.clone())
+    }
+
+    /// Scratch whose grid is built on `grid_stream`: the pipeline builds it beside FPS, which only
+    /// the queries have to wait for.
+    pub fn with_grid_stream(ctx: &GpuContext, grid_stream: Arc<CudaStream>) -> Result<Self, GpuError> {
         let s = &ctx.stream;
         Ok(Self {
             bbox: GrowBuffer::new(s, 8)?,
@@ -62,6 +72,7 @@ impl NeighborsScratch {
             out_cnt: GrowBuffer::new(s, 0)?,
             rows: 0,
             width: 0,
+            grid_stream,
             last_kernel: String::new(),
         })
     }
@@ -91,7 +102,8 @@ fn blocks(n: usize, b: usize) -> u32 {
     n.div_ceil(b).max(1) as u32
 }
 
-/// Builds the cell grid of `points` on the device. mode 0: KNN (cell edge from k), 1: ball query.
+/// Builds the cell grid of `points` on the device, on the scratch's grid stream. mode 0: KNN
+/// (cell edge from k), 1: ball query.
 pub(crate) fn build_grid(
     ctx: &GpuContext,
     s: &mut NeighborsScratch,
@@ -100,7 +112,7 @@ pub(crate) fn build_grid(
     k: u32,
     radius: f32,
 ) -> Result<(), GpuError> {
-    let stream = &ctx.stream;
+    let stream = &s.grid_stream.clone();
     let b = ctx.profile.block_size.neighbors as usize;
     let n = points.len;
     if n >= u32::MAX as usize / 2 {
