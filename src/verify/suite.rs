@@ -7,6 +7,7 @@ use super::VerifyError;
 use super::{detect, fps, neighbors, nms, voxel};
 use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS as SCANS};
 use crate::cloud::{Header, PointCloud2};
+use crate::gpu::profile::BUILTIN_PROFILES;
 use crate::gpu::{GpuContext, GpuError, GpuOptions, ProfileChoice};
 use crate::ops::backend::CudaBackend;
 use crate::pipeline::{Engine, Pipeline, PipelineConfig};
@@ -53,6 +54,61 @@ fn check_gather(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, Ve
     Ok(rows)
 }
 
+/// Pipeline configurations that [`check_profiles`] runs with every built-in profile: between them
+/// every stage and both neighbour searches.
+const PROFILE_CHECK_CONFIGS: [(&str, &str); 2] = [
+    ("default config", "{}"),
+    (
+        "knn, dynamic voxels, fps on downsampled, detect",
+        "neighbors: {mode: knn}\nvoxelize: {mode: dynamic}\nfps: {input: downsampled}\ndetect: {enabled: true}",
+    ),
+];
+
+/// The pipeline on the CUDA backend with each built-in target profile (each compiles the kernels
+/// with its own block sizes and tiles), against the CPU backend on one scan: every published
+/// message byte for byte, and no GPU fault (a faulted frame runs on the CPU, so its outputs would
+/// match while the device path failed).
+fn check_profiles(ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
+    let path = ouster_dir.join(SCANS[0]);
+    let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
+    let cdr = ouster_cloud_message(&scan, Header::default()).to_cdr();
+    let published = |p: &mut Pipeline| -> Result<Vec<(&'static str, Vec<u8>)>, VerifyError> {
+        let out = p.process_cdr(&cdr)?;
+        Ok(out.messages().iter().map(|(t, m)| (*t, m.cdr().to_vec())).collect())
+    };
+    let mut rows = Vec::new();
+    for (label, yaml) in PROFILE_CHECK_CONFIGS {
+        let config = PipelineConfig::from_yaml(yaml, label).expect("the check configurations are valid");
+        let want = published(&mut Pipeline::new(config.clone()))?;
+        for (name, _) in BUILTIN_PROFILES {
+            let options = GpuOptions { profile: name.parse().expect("infallible"), ..GpuOptions::default() };
+            let engine = Engine::cuda(CudaBackend::new(GpuContext::new(options.clone())?)?, options.profile);
+            let mut gpu = Pipeline::with_engine(config.clone(), engine);
+            let first = published(&mut gpu)?;
+            let second = published(&mut gpu)?;
+            let faults = gpu.stats.gpu.faults;
+            let differing: Vec<&str> = want.iter().zip(&first).filter(|(w, g)| w != g).map(|(w, _)| w.0).collect();
+            let same = faults == 0 && first.len() == want.len() && differing.is_empty();
+            rows.push(CheckRow {
+                operator: "pipeline".into(),
+                case: format!("{label}, profile {name}, {}", SCANS[0]),
+                points: scan.len(),
+                integers_identical: same,
+                max_rel_err: 0.0,
+                float_tolerance: 0.0,
+                deterministic: first == second,
+                detail: format!(
+                    "{} messages, {} GPU faults{}",
+                    first.len(),
+                    faults,
+                    if differing.is_empty() { String::new() } else { format!(", differ from the CPU: {differing:?}") }
+                ),
+            });
+        }
+    }
+    Ok(rows)
+}
+
 /// A second context with the same options must load every module from the cubin cache.
 fn check_cache(ctx: &GpuContext) -> Result<CheckRow, VerifyError> {
     let options = GpuOptions {
@@ -88,6 +144,7 @@ pub fn check_all(
     rows.extend(neighbors::check(ctx, seed, ouster_dir)?);
     rows.extend(nms::check(ctx, seed, eval_dir)?);
     rows.extend(detect::check(ctx, seed, ouster_dir, eval_dir)?);
+    rows.extend(check_profiles(ouster_dir)?);
     Ok(CheckTable(rows))
 }
 

@@ -310,7 +310,8 @@ impl Backend for CudaBackend {
             let idx = self.neighbors.indices(ctx)?;
             let samples = self.fps.indices(ctx)?;
             let (stride, width32, slots64) = (xyz.stride as u64, width as u32, slots as u64);
-            let block = 256u32;
+            // nbr_records is compiled for NEIGHBORS_BLOCK threads (its launch bound and stride).
+            let block = ctx.profile.block_size.neighbors;
             let grid = (slots as u64).div_ceil(block as u64).min(ctx.sm_count.max(1) as u64 * 16) as u32;
             let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
             let mut l = stream.launch_builder(&self.nbr_records);
