@@ -222,6 +222,11 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_1(FPS_ARGS) { fp
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_2(FPS_ARGS) { fps_body<2, false>(FPS_PASS); }
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_4(FPS_ARGS) { fps_body<4, false>(FPS_PASS); }
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_8(FPS_ARGS) { fps_body<8, false>(FPS_PASS); }
+// 16 points (64 registers of points) per thread only fit blocks of at most 512 threads (128
+// registers each); they halve the blocks a cloud needs, so that a 107k-point scan fits 16 SMs.
+#if FPS_BLOCK <= 512
+extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_16(FPS_ARGS) { fps_body<16, false>(FPS_PASS); }
+#endif
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_body<1, true>(FPS_PASS); }
 
 // ------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 //! block runs the whole FPS of its cloud (the batched case); with G > 1 the G blocks of a cloud are
 //! co-resident (cooperative launch) and exchange their block arg-max through a double-buffered board
 //! and a per-cloud arrival counter each iteration. Points (x, y, z, min distance) stay in registers
-//! (up to 8 per thread, `FPS_BLOCK * 8 * G` points per cloud), else the kernel re-reads them from
+//! (up to 8 per thread, 16 in blocks of at most 512 threads), else the kernel re-reads them from
 //! global memory (L2) with the min distances in a global scratch array.
 //!
 //! On sm_90+ a cloud of up to `16 * 512 * 16` points instead runs as one thread-block cluster
@@ -171,8 +171,9 @@ pub fn fps_enqueue(
     }
 
     // Plan: fewest blocks per cloud with points in registers, else the memory path.
-    let gmin = maxlen.div_ceil(b * 8).max(1);
-    let ppt = [1usize, 2, 4, 8].into_iter().find(|p| b * p * gmin >= maxlen).unwrap_or(8);
+    let max_ppt = register_max_ppt(b);
+    let gmin = maxlen.div_ceil(b * max_ppt).max(1);
+    let ppt = [1usize, 2, 4, 8, 16].into_iter().find(|p| b * p * gmin >= maxlen).unwrap_or(max_ppt);
     let mut name = format!("fps_reg_{ppt}");
     let mut group = gmin;
     let mut chunk = b * ppt;
@@ -237,6 +238,16 @@ pub fn fps_enqueue(
         }
     }
     Ok(())
+}
+
+/// Points per thread the register path can hold with `b` threads per block: `fps_reg_16` exists
+/// for blocks of at most 512 threads only (cuda/fps.cu).
+fn register_max_ppt(b: usize) -> usize {
+    if b <= 512 {
+        16
+    } else {
+        8
+    }
 }
 
 /// Clusters of `g` blocks of `b` threads of `func` that can be resident at once (0 when none or
@@ -312,9 +323,9 @@ fn cluster_plan(ctx: &GpuContext, nb: usize, maxlen: usize, b: usize) -> Option<
                 continue;
             }
             let waves = nb.div_ceil(active);
-            // Clouds that fit one block (maxlen <= b * 8) already run without exchange on the
-            // register path: take clusters for them only when they all run at once.
-            if maxlen <= b * 8 && waves > 1 {
+            // Clouds that fit one block already run without exchange on the register path: take
+            // clusters for them only when they all run at once.
+            if maxlen <= b * register_max_ppt(b) && waves > 1 {
                 continue;
             }
             let cost = waves as f64 * cluster_step_ns(block, ppt, group);
