@@ -56,3 +56,117 @@ __device__ __forceinline__ unsigned int lk_block_excl_scan(unsigned int v, unsig
     __syncthreads();
     return excl;
 }
+
+// ---- PointCloud2 records -------------------------------------------------------------------
+
+#define LK_MAX_CHANNELS 32
+
+// A cloud message's record layout (and the gather's sizes): the gather reads the records through
+// it, the downsample writes records of the same layout. Must match `GatherParams` in
+// src/gpu/gather.rs (repr(C), all u32; same size asserted there).
+struct GatherParams {
+    unsigned int num_channels;
+    unsigned int point_step;
+    unsigned int row_step;
+    unsigned int width;
+    unsigned int n;          // height * width
+    unsigned int capacity;   // column stride of the gathered columns, in floats
+    unsigned int big_endian;
+    unsigned int pad_;
+    unsigned int offset[LK_MAX_CHANNELS];
+    unsigned int datatype[LK_MAX_CHANNELS]; // sensor_msgs/PointField datatype 1..=8
+};
+static_assert(sizeof(GatherParams) == 288, "GatherParams: size differs from src/gpu/gather.rs");
+
+__device__ __forceinline__ unsigned int lk_dt_size(unsigned int dt) {
+    return dt <= 2u ? 1u : (dt <= 4u ? 2u : (dt <= 7u ? 4u : 8u));
+}
+
+// Byte-wise loads and stores: fields may be unaligned (any offset, any point_step, row padding).
+// Not unrolled: the size is a run-time value and unrolling every datatype bloats the cubin.
+__device__ __forceinline__ unsigned long long lk_load_raw(const unsigned char* p, unsigned int size, bool be) {
+    unsigned long long v = 0;
+#pragma unroll 1
+    for (unsigned int i = 0; i < size; ++i) {
+        const unsigned long long b = (unsigned long long)p[i];
+        v = be ? ((v << 8) | b) : (v | (b << (8u * i)));
+    }
+    return v;
+}
+
+__device__ __forceinline__ void lk_store_raw(unsigned char* p, unsigned long long v, unsigned int size, bool be) {
+#pragma unroll 1
+    for (unsigned int i = 0; i < size; ++i) p[be ? size - 1u - i : i] = (unsigned char)(v >> (8u * i));
+}
+
+// Record `idx` of the message (row-major; rows may carry padding after the points).
+__device__ __forceinline__ const unsigned char* lk_record(const unsigned char* data, const GatherParams& p,
+                                                          unsigned int idx) {
+    const unsigned int row = idx / p.width;
+    const unsigned int col = idx - row * p.width;
+    return data + (unsigned long long)row * p.row_step + (unsigned long long)col * p.point_step;
+}
+
+// A field float32 cannot hold exactly (INT32, UINT32, FLOAT64), widened to f64 exactly (the CPU's
+// `cloud::read_f64` for those datatypes).
+__device__ __forceinline__ double lk_load_wide(const unsigned char* field, unsigned int dt, bool be) {
+    const unsigned long long v = lk_load_raw(field, lk_dt_size(dt), be);
+    switch (dt) {
+        case 5: return (double)(int)(unsigned int)v;
+        case 6: return (double)(unsigned int)v;
+        default: return __longlong_as_double((long long)v);
+    }
+}
+
+// a + b as the host CPU's addsd / fadd gives it, so that f64 sums over record values carry the CPU
+// reference's bits: a NaN operand is returned quieted, the first one when both are (the device's
+// own add returns its canonical NaN), and inf - inf is the host's default NaN (LK_HOST_DEFAULT_NAN,
+// set by src/gpu/kernels.rs from the host's architecture: x86 sets the sign bit, aarch64 does not).
+#ifndef LK_HOST_DEFAULT_NAN
+#define LK_HOST_DEFAULT_NAN 0xfff8000000000000ull
+#endif
+__device__ __forceinline__ double lk_dadd_host(double a, double b) {
+    const unsigned long long qa = (unsigned long long)__double_as_longlong(a) | 0x0008000000000000ull;
+    const unsigned long long qb = (unsigned long long)__double_as_longlong(b) | 0x0008000000000000ull;
+    if (a != a) return __longlong_as_double((long long)qa);
+    if (b != b) return __longlong_as_double((long long)qb);
+    const double s = __dadd_rn(a, b);
+    return s != s ? __longlong_as_double((long long)LK_HOST_DEFAULT_NAN) : s;
+}
+
+// d as float32 the way Rust's `as f32` does on the host: round to nearest even; a NaN keeps its
+// sign and top payload bits with the quiet bit set (x86 cvtsd2ss, aarch64 fcvt), where the
+// device's conversion returns its canonical NaN.
+__device__ __forceinline__ float lk_f64_to_f32_host(double d) {
+    if (d != d) {
+        const unsigned long long v = (unsigned long long)__double_as_longlong(d);
+        return __uint_as_float((unsigned int)((v >> 32) & 0x80000000ull) | 0x7fc00000u |
+                               (unsigned int)((v >> 29) & 0x003fffffull));
+    }
+    return __double2float_rn(d);
+}
+
+// The mean sum / count as the host divides (a NaN sum is returned as is: the device's division
+// would return its canonical NaN).
+__device__ __forceinline__ double lk_mean_host(double sum, unsigned int count) {
+    return sum != sum ? sum : __ddiv_rn(sum, (double)count);
+}
+
+// The bits of v written as PointField datatype dt (1..=6, 8) the way the CPU reference's
+// `cloud::write_value` does: integers as Rust's `v.round() as T` (half away from zero,
+// saturating, NaN -> 0), FLOAT64 as is. (FLOAT32 fields are written from float32 values.)
+__device__ __forceinline__ unsigned long long lk_host_bits(double v, unsigned int dt) {
+    if (dt == 8u) return (unsigned long long)__double_as_longlong(v);
+    const double r = round(v);
+    if (r != r) return 0ull;
+    double lo = 0.0, hi;
+    switch (dt) {
+        case 1: lo = -128.0; hi = 127.0; break;
+        case 2: hi = 255.0; break;
+        case 3: lo = -32768.0; hi = 32767.0; break;
+        case 4: hi = 65535.0; break;
+        case 5: lo = -2147483648.0; hi = 2147483647.0; break;
+        default: hi = 4294967295.0; break;
+    }
+    return (unsigned long long)(long long)fmin(fmax(r, lo), hi);
+}

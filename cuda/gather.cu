@@ -25,7 +25,6 @@
 #define GATHER_ITEMS 4
 #endif
 
-#define GATHER_MAX_CHANNELS 32
 #define GATHER_TILE (GATHER_BLOCK * GATHER_ITEMS)
 #define GATHER_WARPS (GATHER_BLOCK / 32)
 
@@ -40,37 +39,6 @@
 #define STATUS_AGGREGATE 1ull
 #define STATUS_PREFIX 2ull
 
-// Must match `GatherParams` in src/gpu/gather.rs (repr(C), all u32; same size asserted there).
-struct GatherParams {
-    unsigned int num_channels;
-    unsigned int point_step;
-    unsigned int row_step;
-    unsigned int width;
-    unsigned int n;          // height * width
-    unsigned int capacity;   // column stride of `out`, in floats
-    unsigned int big_endian;
-    unsigned int pad_;
-    unsigned int offset[GATHER_MAX_CHANNELS];
-    unsigned int datatype[GATHER_MAX_CHANNELS]; // sensor_msgs/PointField datatype 1..=8
-};
-static_assert(sizeof(GatherParams) == 288, "GatherParams: size differs from src/gpu/gather.rs");
-
-__device__ __forceinline__ unsigned int dt_size(unsigned int dt) {
-    return dt <= 2u ? 1u : (dt <= 4u ? 2u : (dt <= 7u ? 4u : 8u));
-}
-
-// Byte-wise loads: fields may be unaligned (any offset, any point_step, row padding).
-__device__ __forceinline__ unsigned long long load_raw(const unsigned char* p, unsigned int size, bool be) {
-    unsigned long long v = 0;
-    // Not unrolled: the size is a run-time value and unrolling every datatype bloats the cubin.
-#pragma unroll 1
-    for (unsigned int i = 0; i < size; ++i) {
-        const unsigned long long b = (unsigned long long)p[i];
-        v = be ? ((v << 8) | b) : (v | (b << (8u * i)));
-    }
-    return v;
-}
-
 __device__ __forceinline__ float to_f32(unsigned long long v, unsigned int dt) {
     switch (dt) {
         case 1: return (float)(int)(signed char)(unsigned char)v;       // exact
@@ -80,29 +48,13 @@ __device__ __forceinline__ float to_f32(unsigned long long v, unsigned int dt) {
         case 5: return __int2float_rn((int)(unsigned int)v);
         case 6: return __uint2float_rn((unsigned int)v);
         case 7: return __uint_as_float((unsigned int)v);
-        default: {
-            const double d = __longlong_as_double((long long)v);
-            if (d != d) {
-                // NaN: sign, quiet bit, top 22 payload bits, as the CPU's conversion does.
-                const unsigned int bits = (unsigned int)((v >> 32) & 0x80000000ull) | 0x7fc00000u |
-                                          (unsigned int)((v >> 29) & 0x003fffffull);
-                return __uint_as_float(bits);
-            }
-            return __double2float_rn(d);
-        }
+        default: return lk_f64_to_f32_host(__longlong_as_double((long long)v));
     }
 }
 
 __device__ __forceinline__ float load_field(const unsigned char* point, const GatherParams& p, unsigned int c) {
     const unsigned int dt = p.datatype[c];
-    return to_f32(load_raw(point + p.offset[c], dt_size(dt), p.big_endian != 0u), dt);
-}
-
-__device__ __forceinline__ const unsigned char* point_ptr(const unsigned char* data, const GatherParams& p,
-                                                           unsigned int idx) {
-    const unsigned int row = idx / p.width;
-    const unsigned int col = idx - row * p.width;
-    return data + (unsigned long long)row * p.row_step + (unsigned long long)col * p.point_step;
+    return to_f32(lk_load_raw(point + p.offset[c], lk_dt_size(dt), p.big_endian != 0u), dt);
 }
 
 __device__ __forceinline__ unsigned long long status_load(unsigned long long* s) {
@@ -111,12 +63,14 @@ __device__ __forceinline__ unsigned long long status_load(unsigned long long* s)
 
 // data:        the raw PointCloud2 blob (row_step * height bytes, last row may lack its padding)
 // out:         num_channels columns of `capacity` floats
+// source:      for every surviving point, the index of its record (what the downsample's record
+//              kernel reads the fields float32 cannot hold from)
 // tile_status: one zeroed word per tile
 // tile_counter: one zeroed word
 // out_count:   number of surviving points (written by the last tile)
 extern "C" __global__ void __launch_bounds__(GATHER_BLOCK)
 gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
-               unsigned long long* tile_status, unsigned int* tile_counter,
+               unsigned int* __restrict__ source, unsigned long long* tile_status, unsigned int* tile_counter,
                unsigned int* out_count, const GatherParams p) {
     __shared__ unsigned int s_tile;
     __shared__ unsigned int s_warp[GATHER_WARPS];
@@ -136,7 +90,7 @@ gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
     for (int k = 0; k < GATHER_ITEMS; ++k) {
         const unsigned long long idx = base + k;
         if (idx < p.n) {
-            const unsigned char* pt = point_ptr(data, p, (unsigned int)idx);
+            const unsigned char* pt = lk_record(data, p, (unsigned int)idx);
             const float x = load_field(pt, p, 0), y = load_field(pt, p, 1), z = load_field(pt, p, 2);
             if (lk_finite3(x, y, z)) {
                 flags |= 1u << k;
@@ -177,11 +131,12 @@ gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
 #pragma unroll 1
     for (int k = 0; k < GATHER_ITEMS; ++k) {
         if (flags & (1u << k)) {
-            const unsigned char* pt = point_ptr(data, p, (unsigned int)(base + k));
+            const unsigned char* pt = lk_record(data, p, (unsigned int)(base + k));
 #pragma unroll 1
             for (unsigned int c = 0; c < p.num_channels; ++c) {
                 out[(unsigned long long)c * p.capacity + pos] = load_field(pt, p, c);
             }
+            source[pos] = (unsigned int)(base + k);
             ++pos;
         }
     }

@@ -50,6 +50,8 @@
 //                        indices of its unordered segment in ascending order (= the slots of the
 //                        sorted path: input order) and writes the same outputs as vox_hard_fill.
 //      vox_dyn_means     one thread per (voxel, channel): f64 sum in input order / count -> f32.
+//      vox_ds_records    the `downsampled` message's records from the means and the input records.
+//      vox_means_xyz     the downsampled cloud's x, y, z columns.
 //      vox_pillar        PointPillars decoration of hard voxels already on the device.
 //
 // Every scan is an exact integer prefix; atomics only count (sums of integers) or take a max, so
@@ -754,7 +756,8 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
     if (lane == 0u && pcap != 0u) atomicAdd(&counters[CTR_POINT_CAP], pcap);
 }
 
-// Dynamic voxels: one thread per (voxel, channel): f64 sum in input order, / count, -> f32.
+// Dynamic voxels: one thread per (voxel, channel): f64 sum in input order, / count, -> f32, each
+// step as the host does it (NaN bits included).
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_dyn_means(const float* __restrict__ cloud, const unsigned int* __restrict__ vals,
               const unsigned int* __restrict__ seg_start, const unsigned int* counters,
@@ -771,9 +774,68 @@ vox_dyn_means(const float* __restrict__ cloud, const unsigned int* __restrict__ 
         const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
         const float* X = col(cloud, p, k);
         double sum = 0.0;
-        for (unsigned int j = start; j < end; ++j) sum = __dadd_rn(sum, (double)X[vals[j]]);
-        means[t] = __double2float_rn(__ddiv_rn(sum, (double)(end - start)));
+        for (unsigned int j = start; j < end; ++j) sum = lk_dadd_host(sum, (double)X[vals[j]]);
+        means[t] = lk_f64_to_f32_host(lk_mean_host(sum, end - start));
         if (k == 0) num_points[v] = end - start;
+    }
+}
+
+// The `downsampled` message's records (the input's layout, one per voxel in voxel order), written
+// on the device so that the host copies them once instead of walking the points; the CPU
+// reference is `ops::voxel::downsampled_message`. One thread per voxel writes every byte of its
+// record (message buffers are reused): FLOAT32 fields and every x, y, z from the float32 means,
+// INT32, UINT32 and FLOAT64 fields from the f64 mean of the records' own values (float32 cannot
+// hold them) summed in input order (the voxel's sorted segment), bytes of no single-element field
+// zero. Runs after vox_dyn_means over every channel of the cloud.
+extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
+vox_ds_records(const unsigned char* __restrict__ records, const unsigned int* __restrict__ source,
+               const unsigned int* __restrict__ vals, const unsigned int* __restrict__ seg_start,
+               const unsigned int* counters, const float* __restrict__ means, unsigned char* __restrict__ out,
+               const GatherParams lay, const VoxParams p) {
+    const unsigned int C = p.num_ch;
+    const unsigned int V = kept_voxels(counters, p);
+    const unsigned int K = kept_sorted(counters, p);
+    const bool be = lay.big_endian != 0u;
+    for (unsigned int v = blockIdx.x * VOXEL_BLOCK + threadIdx.x; v < V; v += gridDim.x * VOXEL_BLOCK) {
+        unsigned char* rec = out + (unsigned long long)v * lay.point_step;
+        for (unsigned int b = 0; b < lay.point_step; ++b) rec[b] = 0;
+        const unsigned int start = seg_start[v];
+        const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
+        for (unsigned int k = 0; k < C; ++k) {
+            const unsigned int c = p.ch[k]; // the cloud's channel = the message's field
+            const unsigned int dt = lay.datatype[c];
+            unsigned char* field = rec + lay.offset[c];
+            const float mean = means[(unsigned long long)v * C + k];
+            if (dt == 7u) {
+                lk_store_raw(field, __float_as_uint(mean), 4u, be);
+                continue;
+            }
+            double value = (double)mean;
+            if (k >= 3u && (dt == 5u || dt == 6u || dt == 8u)) {
+                double sum = 0.0;
+                for (unsigned int j = start; j < end; ++j) {
+                    const unsigned char* r = lk_record(records, lay, source[vals[j]]);
+                    sum = lk_dadd_host(sum, lk_load_wide(r + lay.offset[c], dt, be));
+                }
+                value = lk_mean_host(sum, end - start);
+            }
+            lk_store_raw(field, lk_host_bits(value, dt), lk_dt_size(dt), be);
+        }
+    }
+}
+
+// The downsampled cloud's x, y, z as device columns of stride V (channels 0..3 of the means), for
+// the stages that run on it (`fps.input: downsampled`).
+extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
+vox_means_xyz(const float* __restrict__ means, const unsigned int* counters, float* __restrict__ xyz,
+              const VoxParams p) {
+    const unsigned int V = kept_voxels(counters, p);
+    const unsigned long long total = 3ull * V;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * VOXEL_BLOCK + threadIdx.x; t < total;
+         t += (unsigned long long)gridDim.x * VOXEL_BLOCK) {
+        const unsigned int a = (unsigned int)(t / V);
+        const unsigned int v = (unsigned int)(t - (unsigned long long)a * V);
+        xyz[t] = means[(unsigned long long)v * p.num_ch + a];
     }
 }
 

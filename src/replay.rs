@@ -128,8 +128,8 @@ fn frame_line(index: u64, out: &FrameOutput) -> String {
             v.dropped_capacity()
         );
     }
-    if let Some(d) = &r.downsampled {
-        line += &format!(" | downsampled {}", d.voxel_count());
+    if let Some(d) = r.downsampled {
+        line += &format!(" | downsampled {d}");
     }
     if let Some(s) = r.valid_samples() {
         line += &format!(" | fps {}", s.len());

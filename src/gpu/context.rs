@@ -61,8 +61,11 @@ pub struct GpuContext {
     /// Device -> host read-back (plain pinned memory: the CPU reads it).
     pub(crate) readback_ring: Arc<Mutex<PinnedRing<f32>>>,
     pub(crate) gather_scratch: Mutex<super::gather::GatherScratch>,
-    /// Point columns of gathered clouds (grow-only, recycled when a [`super::DeviceCloud`] drops).
+    /// Point columns of gathered clouds (grow-only, recycled when a [`super::DeviceCloud`] drops),
+    /// with their uploaded records and record indices.
     pub cloud_pool: DevicePool<f32>,
+    pub(crate) record_pool: DevicePool<u8>,
+    pub(crate) index_pool: DevicePool<u32>,
     /// Page-locked bytes of the messages results are copied back into.
     pub output_pool: super::OutputPool,
 }
@@ -86,6 +89,7 @@ pub struct PoolStats {
     pub upload_ring_growths: u64,
     pub readback_ring_growths: u64,
     pub scratch_growths: u64,
+    /// The gathered clouds' pools: columns, records and record indices.
     pub cloud_pool_growths: u64,
 }
 
@@ -210,6 +214,9 @@ impl GpuContext {
         let readback_ring = PinnedRing::new(ctx.clone(), pools.pinned_slots, 0, false)?;
         let gather_scratch = super::gather::GatherScratch::new(&stream, &profile)?;
         let cloud_pool = DevicePool::new(stream.clone(), pools.points * 8);
+        // 48 bytes/point: the ouster-ros layout, the widest common one.
+        let record_pool = DevicePool::new(stream.clone(), pools.points * 48);
+        let index_pool = DevicePool::new(stream.clone(), pools.points);
         Ok(Self {
             output_pool: super::OutputPool::new(ctx.clone()),
             ctx,
@@ -227,6 +234,8 @@ impl GpuContext {
             readback_ring: Arc::new(Mutex::new(readback_ring)),
             gather_scratch: Mutex::new(gather_scratch),
             cloud_pool,
+            record_pool,
+            index_pool,
         })
     }
 
@@ -251,7 +260,7 @@ impl GpuContext {
             upload_ring_growths: self.upload_ring.lock().unwrap().growths(),
             readback_ring_growths: self.readback_ring.lock().unwrap().growths(),
             scratch_growths: self.gather_scratch.lock().unwrap().growths(),
-            cloud_pool_growths: self.cloud_pool.growths(),
+            cloud_pool_growths: self.cloud_pool.growths() + self.record_pool.growths() + self.index_pool.growths(),
         }
     }
 
@@ -284,8 +293,10 @@ pub struct PinnedRing<T> {
     write_combined: bool,
 }
 
-/// Bytes each thread copies into a pinned upload slot.
-const UPLOAD_COPY_CHUNK: usize = 256 << 10;
+/// Bytes each task copies into a pinned upload slot.
+const UPLOAD_COPY_CHUNK: usize = 64 << 10;
+/// Bytes per DMA of an upload (see [`PinnedRing::upload`]).
+const UPLOAD_DMA_PIECE: usize = 1 << 20;
 
 impl<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync> PinnedRing<T> {
     /// `write_combined`: fast for buffers the CPU only writes (uploads); must be false for buffers
@@ -350,15 +361,20 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync> PinnedRing<T> {
         let i = self.next_slot(src.len())?;
         let slot = &mut self.slots[i];
         let host = &mut slot.buf.as_mut().unwrap().as_mut_slice()?[..src.len()];
-        // In parallel: one thread's memcpy is several times slower than the DMA that follows.
-        let chunk = (UPLOAD_COPY_CHUNK / std::mem::size_of::<T>().max(1)).max(1);
-        host.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(h, s)| h.copy_from_slice(s));
-        let host = &*host;
-        {
-            let (dptr, _record) = dst.device_ptr_mut(stream);
-            // SAFETY: `host` is pinned and stays alive (and untouched) until `done` completes;
-            // `dptr` has room for `host.len()` elements.
-            unsafe { drv::memcpy_htod_async(dptr, host, stream.cu_stream()) }?;
+        let size = std::mem::size_of::<T>().max(1);
+        let (dptr, _record) = dst.device_ptr_mut(stream);
+        // The host copy and the DMA overlap: each piece's DMA is enqueued as soon as it is in the
+        // pinned slot, while the next piece is copied (in parallel: one thread's memcpy is
+        // several times slower than the DMA).
+        let piece = (UPLOAD_DMA_PIECE / size).max(1);
+        let chunk = (UPLOAD_COPY_CHUNK / size).max(1);
+        for (k, (h, s)) in host.chunks_mut(piece).zip(src.chunks(piece)).enumerate() {
+            h.par_chunks_mut(chunk).zip(s.par_chunks(chunk)).for_each(|(h, s)| h.copy_from_slice(s));
+            let h = &*h;
+            // SAFETY: `h` is pinned and stays alive (and untouched) until `done` completes; the
+            // destination has room for `src.len()` elements from `dptr`, and this piece ends
+            // within them.
+            unsafe { drv::memcpy_htod_async(dptr + (k * piece * size) as u64, h, stream.cu_stream()) }?;
         }
         slot.done.record(stream)?;
         slot.in_flight = true;

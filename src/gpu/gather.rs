@@ -1,7 +1,9 @@
 //! The data path's first stage: a PointCloud2 blob is copied once into a pinned staging slot,
 //! uploaded asynchronously, and one kernel (`cuda/gather.cu`) converts every single-element field to
 //! float32 device columns and drops the points whose x, y or z is not finite, keeping input order.
-//! The result equals the CPU reference [`crate::cloud::gather`] bit for bit.
+//! The result equals the CPU reference [`crate::cloud::gather`] bit for bit. The uploaded records
+//! and each point's record index stay with the device cloud, for outputs that carry the input's
+//! own values (`downsampled`).
 
 use super::context::{GpuContext, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
 use super::profile::KernelProfile;
@@ -10,15 +12,16 @@ use crate::cloud::{Cloud, CloudView};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
-/// Channels the kernel can gather at once (`GATHER_MAX_CHANNELS` in cuda/gather.cu).
+/// Channels the kernel can gather at once (`LK_MAX_CHANNELS` in cuda/common.cuh).
 pub const MAX_CHANNELS: usize = 32;
 
-/// Kernel parameters, passed by value. Must match `struct GatherParams` in cuda/gather.cu.
+/// The message's record layout and the gather's sizes, passed by value. Must match
+/// `struct GatherParams` in cuda/common.cuh.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GatherParams {
-    num_channels: u32,
-    point_step: u32,
+    pub(crate) num_channels: u32,
+    pub(crate) point_step: u32,
     row_step: u32,
     width: u32,
     n: u32,
@@ -31,12 +34,11 @@ pub(crate) struct GatherParams {
 
 // SAFETY: repr(C), plain u32 fields, no padding; layout matches the CUDA struct.
 unsafe impl DeviceRepr for GatherParams {}
-// Same size as the CUDA struct (`static_assert` in cuda/gather.cu).
+// Same size as the CUDA struct (`static_assert` in cuda/common.cuh).
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 288);
 
 /// Per-context device scratch of the gather stage (grow-only).
 pub(crate) struct GatherScratch {
-    raw: GrowBuffer<u8>,
     tile_status: GrowBuffer<u64>,
     /// [tile counter, surviving point count]
     counters: GrowBuffer<u32>,
@@ -47,8 +49,6 @@ impl GatherScratch {
     pub(crate) fn new(stream: &Arc<CudaStream>, profile: &KernelProfile) -> Result<Self, GpuError> {
         let points = profile.pools.points;
         Ok(Self {
-            // 48 bytes/point: the ouster-ros layout, the widest common one.
-            raw: GrowBuffer::new(stream, points * 48)?,
             tile_status: GrowBuffer::new(stream, points.div_ceil(profile.gather_tile()))?,
             counters: GrowBuffer::new(stream, 2)?,
             count_ring: PinnedRing::new(stream.context().clone(), 2, 1, false)?,
@@ -56,7 +56,7 @@ impl GatherScratch {
     }
 
     pub(crate) fn growths(&self) -> u64 {
-        self.raw.growths() + self.tile_status.growths() + self.counters.growths() + self.count_ring.growths()
+        self.tile_status.growths() + self.counters.growths() + self.count_ring.growths()
     }
 }
 
@@ -70,6 +70,11 @@ pub struct DeviceCloud {
     pub data: PooledSlice<f32>,
     /// Points dropped because x, y or z was NaN or infinite.
     pub dropped_non_finite: usize,
+    /// The message's records as uploaded, their layout, and for each of the `len` points the
+    /// index of its record.
+    pub(crate) records: PooledSlice<u8>,
+    pub(crate) layout: GatherParams,
+    pub(crate) source: PooledSlice<u32>,
     stream: Arc<CudaStream>,
     readback: Arc<Mutex<PinnedRing<f32>>>,
 }
@@ -194,9 +199,10 @@ pub fn upload_and_gather_timed(
         t.start()?;
     }
     let mut scratch = ctx.gather_scratch.lock().unwrap();
-    let GatherScratch { raw, tile_status, counters, count_ring } = &mut *scratch;
-    let raw = raw.ensure(stream, used_bytes.max(1))?;
-    ctx.upload_ring.lock().unwrap().upload(stream, &msg.data[..used_bytes], raw)?;
+    let GatherScratch { tile_status, counters, count_ring } = &mut *scratch;
+    let mut records = ctx.record_pool.take(used_bytes.max(1))?;
+    let mut source = ctx.index_pool.take(n.max(1))?;
+    ctx.upload_ring.lock().unwrap().upload(stream, &msg.data[..used_bytes], &mut records)?;
     if let Some(t) = timer.as_deref_mut() {
         t.stage("h2d")?;
     }
@@ -219,14 +225,16 @@ pub fn upload_and_gather_timed(
         {
             let (mut tile_counter, mut out_count) = counters.split_at_mut(1);
             let mut launch = stream.launch_builder(&func);
-            launch.arg(&*raw);
+            launch.arg(&*records);
             launch.arg(&mut *out);
+            launch.arg(&mut *source);
             launch.arg(&mut *status);
             launch.arg(&mut tile_counter);
             launch.arg(&mut out_count);
             launch.arg(&params);
             // SAFETY: argument types and order match `gather_compact`; every buffer is large
-            // enough: raw >= used_bytes, out = c * capacity with capacity >= n, status >= tiles.
+            // enough: records >= used_bytes, out = c * capacity with capacity >= n, source >= n,
+            // status >= tiles.
             unsafe { launch.launch(cfg) }?;
         }
         if let Some(t) = timer.as_deref_mut() {
@@ -246,6 +254,9 @@ pub fn upload_and_gather_timed(
         names,
         data: out,
         dropped_non_finite: n - len,
+        records,
+        layout: params,
+        source,
         stream: stream.clone(),
         readback: ctx.readback_ring.clone(),
     })

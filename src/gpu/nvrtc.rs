@@ -40,6 +40,11 @@ pub fn arch_name(cc: (i32, i32)) -> String {
     format!("sm_{}{}", cc.0, cc.1)
 }
 
+/// The bits of the NaN this CPU's f64 arithmetic produces from finite or infinite operands
+/// (inf - inf): x86's "real indefinite" has the sign bit set, aarch64's default NaN does not. The
+/// kernels that sum record values reproduce it (`lk_dadd_host` in cuda/common.cuh).
+const HOST_DEFAULT_NAN: u64 = if cfg!(target_arch = "x86_64") { 0xfff8_0000_0000_0000 } else { 0x7ff8_0000_0000_0000 };
+
 /// The NVRTC options for a kernel file: architecture, language, bit-exact float math, profile.
 pub fn compile_options(arch: &str, profile: &KernelProfile) -> Vec<String> {
     let mut o = vec![
@@ -51,6 +56,7 @@ pub fn compile_options(arch: &str, profile: &KernelProfile) -> Vec<String> {
         "--prec-div=true".to_string(),
         "--prec-sqrt=true".to_string(),
         "-DLIDAR_KERNELS=1".to_string(),
+        format!("-DLK_HOST_DEFAULT_NAN={HOST_DEFAULT_NAN:#x}ull"),
     ];
     o.extend(profile.defines());
     o

@@ -173,6 +173,16 @@ fn cache_key_changes_with_each_input() {
     assert_ne!(cache_key("a", &[("b", "c")], "d", (1, 0), &[]), cache_key("a", &[("bc", "")], "d", (1, 0), &[]));
 }
 
+/// The NaN the kernels reproduce for inf - inf in their f64 sums (`lk_dadd_host`) is the one this
+/// CPU's own addition gives.
+#[test]
+fn host_default_nan_is_this_cpus() {
+    let o = compile_options("sm_87", &KernelProfile::builtin("orin").unwrap());
+    let inf = std::hint::black_box(f64::INFINITY);
+    let bits = (inf + -inf).to_bits();
+    assert!(o.contains(&format!("-DLK_HOST_DEFAULT_NAN={bits:#x}ull")), "{bits:#x} not in {o:?}");
+}
+
 #[test]
 fn compile_options_are_bit_exact() {
     let o = compile_options("sm_72", &KernelProfile::builtin("xavier").unwrap());
@@ -221,8 +231,9 @@ fn kernel_registry_lists_every_file() {
 fn gather_params_match_the_cuda_struct() {
     // 8 scalars + 2 arrays of 32 u32 = 288 bytes, no padding.
     assert_eq!(std::mem::size_of::<gather::GatherParams>(), 8 * 4 + 2 * 32 * 4);
-    let src = kernels::kernel("gather").unwrap().source;
-    assert!(src.contains(&format!("#define GATHER_MAX_CHANNELS {}", gather::MAX_CHANNELS)));
+    let header = kernels::HEADERS.iter().find(|(n, _)| *n == "common.cuh").unwrap().1;
+    assert!(header.contains(&format!("#define LK_MAX_CHANNELS {}", gather::MAX_CHANNELS)));
+    assert!(header.contains("static_assert(sizeof(GatherParams) == 288"));
 }
 
 fn nvrtc_or_skip(test: &str) -> bool {

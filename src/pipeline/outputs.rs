@@ -3,12 +3,10 @@
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
 use super::Voxels;
-use crate::cloud::{write_field, CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
+use crate::cloud::{CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::neighbors::for_each_record;
 use crate::ops::nms::Box3d;
-use crate::ops::voxel::DynamicVoxels;
-use rayon::prelude::*;
 use std::borrow::Cow;
 
 /// Fields of a box record, the format boxes travel in between programs.
@@ -82,73 +80,6 @@ pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> Clo
         ("voxel_x", coord(2)),
     ]);
     packed_message(header, 1, voxels.len(), &columns)
-}
-
-/// `downsampled`: one point per occupied voxel in the input's own layout. x, y, z are the
-/// float32 centroids; every other field is the mean of its points, written in the field's
-/// datatype (integers rounded to nearest): from the float32 channel for types float32 holds
-/// exactly, from the records' f64 values (summed in input order) for INT32, UINT32 and FLOAT64,
-/// so absolute FLOAT64 stamps and 32-bit counters keep their precision. Fields that are not
-/// channels (count > 1, padding placeholders) are zero.
-pub fn downsampled_message(
-    header: &Header,
-    view: &CloudView<'_>,
-    source: &SourceIndex,
-    dv: &DynamicVoxels,
-    channel_names: &[String],
-) -> CloudMessage {
-    let layout = &view.layout;
-    let (step, c, nv) = (layout.point_step as usize, dv.num_channels, dv.voxel_count());
-    let mut m = CloudMessage::new(header, 1, nv, &layout.fields, step as u32, layout.big_endian);
-    let be = layout.big_endian;
-    // Each channel's datatype, offset, and where its mean comes from: the float32 means, or (for
-    // the wide fields) column j of per-voxel f64 sums of the records, in input order.
-    let mut wide: Vec<(Datatype, usize)> = Vec::new();
-    let channels: Vec<(Datatype, usize, Option<usize>)> = layout
-        .channels()
-        .into_iter()
-        .enumerate()
-        .take(c)
-        .map(|(k, f)| {
-            debug_assert_eq!(f.name, channel_names[k]);
-            let (dt, off) = (Datatype::from_u8(f.datatype).expect("validated"), f.offset as usize);
-            let sum_column = (k >= 3 && dt.wider_than_f32()).then(|| {
-                wide.push((dt, off));
-                wide.len() - 1
-            });
-            (dt, off, sum_column)
-        })
-        .collect();
-    let nw = wide.len();
-    let mut sums = vec![0f64; nv * nw];
-    if nw > 0 && nv > 0 {
-        // Each task owns a range of voxels and walks every point in input order, summing only the
-        // points of its voxels: per voxel the order of the sum is the input order, whatever the
-        // threads.
-        let per_task = nv.div_ceil(rayon::current_num_threads().max(1)).max(1024);
-        sums.par_chunks_mut(per_task * nw).enumerate().for_each(|(task, sums)| {
-            let first = task * per_task;
-            let voxels = first..first + sums.len() / nw;
-            for (p, &vox) in dv.point_voxel.iter().enumerate() {
-                if vox >= 0 && voxels.contains(&(vox as usize)) {
-                    let sum = &mut sums[(vox as usize - first) * nw..][..nw];
-                    for (s, &(dt, off)) in sum.iter_mut().zip(&wide) {
-                        *s += view.value_at(dt, off, source.get(p));
-                    }
-                }
-            }
-        });
-    }
-    for_each_record(m.data_mut(), step, |v, rec| {
-        for (k, &(dt, off, sum_column)) in channels.iter().enumerate() {
-            let value = match sum_column {
-                Some(j) => sums[v * nw + j] / dv.num_points[v] as f64,
-                None => dv.means[v * c + k] as f64,
-            };
-            write_field(rec, dt, off, value, be);
-        }
-    });
-    m
 }
 
 /// Box records (x y z length width height yaw score label).

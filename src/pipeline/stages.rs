@@ -5,11 +5,11 @@
 
 use super::config::{FpsInput, NeighborMode, PipelineConfig, VoxelMode};
 use super::{outputs, timed, FrameError, Neighborhoods, Timings, Voxels};
-use crate::cloud::{Cloud, CloudMessage, CloudView, Datatype, SourceIndex};
+use crate::cloud::{Cloud, CloudMessage, CloudView, SourceIndex};
 use crate::ops::backend::Backend;
 use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
-use crate::ops::voxel::{DynamicVoxels, FeaturesLayout};
+use crate::ops::voxel::FeaturesLayout;
 
 /// Output topics, relative to the output namespace.
 pub const VOXELS_TOPIC: &str = "voxels";
@@ -140,7 +140,8 @@ pub struct StageResults {
     /// The gathered cloud's channel names (x, y, z first).
     pub channel_names: Vec<String>,
     pub voxels: Option<Voxels>,
-    pub downsampled: Option<DynamicVoxels>,
+    /// Points of the downsampled cloud.
+    pub downsampled: Option<usize>,
     /// FPS indices into the cloud of `fps.input`: the first min(K, N) samples (the -1 padding of
     /// K > N is not computed; an empty cloud gives one -1).
     pub samples: Option<Vec<i32>>,
@@ -201,7 +202,7 @@ pub type Messages = Vec<(&'static str, CloudMessage)>;
 
 /// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and encodes its
 /// outputs (the `encode` stage, timed in parts). FPS and the neighbour search are started first;
-/// the voxel stages and the voxel and downsampled messages are done while the device samples,
+/// the voxel stages and their messages are done while the device samples,
 /// which is only waited for after them. The messages are built side by side on the current rayon
 /// pool, each from its own results, so the bytes do not depend on the threads.
 pub fn run<B: Backend>(
@@ -241,13 +242,10 @@ pub fn run<B: Backend>(
         (None, None)
     };
     let (downsampled, downsampled_points) = if cfg.downsample.enabled {
-        // The means of fields float32 cannot hold are taken from the records, per point.
-        let per_point = view.layout.channels()[3..]
-            .iter()
-            .any(|f| Datatype::from_u8(f.datatype).is_some_and(Datatype::wider_than_f32));
-        let (dv, kept) =
-            timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled, per_point))?;
-        (Some(dv), kept)
+        let (d, kept) = timed(t, "downsample", || {
+            backend.downsample_published(&cloud, view, &cfg.downsample.grid, fps_on_downsampled)
+        })?;
+        (Some(d), kept)
     } else {
         (None, None)
     };
@@ -259,12 +257,11 @@ pub fn run<B: Backend>(
         pending = Some(start_sampling(backend, fps_cloud, cfg, t)?);
     }
 
-    let (voxels_message, downsampled_message) = timed(t, "encode", || {
-        rayon::join(
-            || voxels.as_ref().map(|v| outputs::voxels_message(h, v, &voxel_names)),
-            || downsampled.as_ref().map(|dv| outputs::downsampled_message(h, view, &source, dv, &names)),
-        )
-    });
+    let voxels_message = timed(t, "encode", || voxels.as_ref().map(|v| outputs::voxels_message(h, v, &voxel_names)));
+    let (downsampled, downsampled_message) = match downsampled {
+        Some(d) => (Some(d.points), Some(d.message)),
+        None => (None, None),
+    };
     messages.extend(voxels_message.map(|m| (VOXELS_TOPIC, m)));
     messages.extend(voxel_features.map(|m| (VOXEL_FEATURES_TOPIC, m)));
 

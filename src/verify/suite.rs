@@ -140,6 +140,7 @@ pub fn check_all(
     let mut rows = vec![check_cache(ctx)?];
     rows.extend(check_gather(ctx, ouster_dir)?);
     rows.extend(voxel::check(ctx, seed, ouster_dir)?);
+    rows.extend(voxel::check_downsampled(ctx, ouster_dir)?);
     rows.extend(fps::check(ctx, seed, ouster_dir)?);
     rows.extend(neighbors::check(ctx, seed, ouster_dir)?);
     rows.extend(nms::check(ctx, seed, eval_dir)?);

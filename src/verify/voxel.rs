@@ -387,9 +387,9 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             // Dynamic voxelization and downsampling.
             let dexp = cpu::voxelize_dynamic(&proj, &params.grid);
             vox.dynamic_device(ctx, &dev, chans, &params.grid)?;
-            let d1 = vox.dynamic_to_host(ctx, crate::ops::voxel::cuda::PerPoint::All)?;
+            let d1 = vox.dynamic_to_host(ctx)?;
             vox.dynamic_device(ctx, &dev, chans, &params.grid)?;
-            let d2 = vox.dynamic_to_host(ctx, crate::ops::voxel::cuda::PerPoint::All)?;
+            let d2 = vox.dynamic_to_host(ctx)?;
             rows.push(CheckRow {
                 operator: "voxelize_dynamic".into(),
                 case: label.clone(),
@@ -558,7 +558,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
                 });
             }
             let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.dynamic_device(ctx, &dev, &ch, &params.grid))?;
-            let d = vox.dynamic_to_host(ctx, crate::ops::voxel::cuda::PerPoint::All)?;
+            let d = vox.dynamic_to_host(ctx)?;
             rows.push(BenchRow {
                 operator: "voxelize_dynamic (means)".into(),
                 workload: format!("W1 {cfg_name} grid {wl}"),
@@ -602,4 +602,71 @@ mod tests {
         assert!((max_rel(&[1.0], &[1.000001]) - 1e-6).abs() < 1e-7);
         assert!(!bits_eq(&[0.0], &[-0.0]));
     }
+}
+
+/// The `downsampled` message written on the device ([`GpuVoxelizer::downsampled_published`])
+/// against the CPU backend's, byte for byte, with the downsampled cloud's x, y, z: the first Ouster
+/// scan in the driver's layout (UINT32 `t` and `range` summed in f64), the organized big-endian
+/// padded layout with every datatype (FLOAT64 fields with NaN payloads, a multi-element field, a
+/// padding field), and 10 copies with NaN/inf points (records found through the gather's record
+/// indices); on the pipeline's default grid and on a 2 m grid (long sums).
+pub fn check_downsampled(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
+    use crate::bag::sample::{load_ouster_bin, ouster_cloud_message, OUSTER_SCANS};
+    use crate::cloud::CloudView;
+    use crate::ops::backend::{Backend, CpuBackend};
+    use crate::pipeline::PipelineConfig;
+    use crate::verify::smoke::{big_message, exotic_message};
+    let path = ouster_dir.join(OUSTER_SCANS[0]);
+    let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
+    let messages = [
+        ("ouster 48-byte layout", ouster_cloud_message(&scan, Header::default())),
+        ("organized big-endian every datatype", exotic_message(&scan, 127)),
+        ("10 copies with NaN/inf (xyzi)", big_message(&scan, 10)),
+    ];
+    let default_grid = PipelineConfig::default().downsample.grid;
+    let coarse = VoxelGrid { voxel_size: [2.0, 2.0, 2.0], ..default_grid.clone() };
+    let mut rows = Vec::new();
+    for (case, msg) in &messages {
+        let view = CloudView::new(msg.clone())?;
+        let dev = crate::gpu::upload_and_gather(ctx, &view)?;
+        let others: Vec<usize> = (3..dev.num_channels()).collect();
+        for (grid_name, grid) in [("0.2 m grid", &default_grid), ("2 m grid", &coarse)] {
+            let op = |e: crate::ops::backend::OpError| VerifyError::Frame(e.into());
+            let host = CpuBackend.gather(&view).map_err(op)?;
+            let (want, want_kept) = CpuBackend.downsample_published(&host, &view, grid, true).map_err(op)?;
+            let want_xyz = want_kept.expect("kept").cloud;
+            let mut vox = GpuVoxelizer::new(ctx)?;
+            let mut run = || -> Result<_, VerifyError> {
+                vox.dynamic_device(ctx, &dev, &others, grid)?;
+                let (got, xyz) = vox.downsampled_published(ctx, &dev, &view, true)?;
+                let xyz =
+                    ctx.stream.clone_dtoh(&xyz.expect("kept").slice(0..3 * got.points)).map_err(GpuError::from)?;
+                Ok((got, xyz))
+            };
+            let (got, xyz) = run()?;
+            let (again, xyz_again) = run()?;
+            let same_bytes = got.message.cdr() == want.message.cdr();
+            let v = got.points;
+            let xyz_same =
+                v == want.points && (0..3).all(|a| bits_eq(&xyz[a * v..(a + 1) * v], want_xyz.columns()[a].as_slice()));
+            let detail = if same_bytes {
+                format!("{} -> {} records of {} bytes, identical", host.cloud.len(), v, view.layout.point_step)
+            } else {
+                let (g, w) = (got.message.cdr(), want.message.cdr());
+                let at = g.iter().zip(w).position(|(a, b)| a != b).unwrap_or(g.len().min(w.len()));
+                format!("message bytes differ first at byte {at} of {} (cpu {} bytes)", g.len(), w.len())
+            };
+            rows.push(CheckRow {
+                operator: "downsampled message".into(),
+                case: format!("{case}, {grid_name}"),
+                points: msg.num_points() as usize,
+                integers_identical: same_bytes && xyz_same && got.dropped_out_of_range == want.dropped_out_of_range,
+                max_rel_err: 0.0,
+                float_tolerance: 0.0,
+                deterministic: again.message.cdr() == got.message.cdr() && xyz_again == xyz,
+                detail,
+            });
+        }
+    }
+    Ok(rows)
 }

@@ -9,8 +9,8 @@ use crate::ops::neighbors::{
 };
 use crate::ops::nms::{nms, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::{
-    pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, FeaturesLayout, HardVoxelParams,
-    HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
+    downsampled_message, pillar_features, voxelize_dynamic, voxelize_hard, Downsampled, DynamicVoxels, FeaturesLayout,
+    HardVoxelParams, HardVoxels, PillarFeatures, PublishedDownsample, PublishedHardVoxels, VoxelGrid,
 };
 
 /// The CPU reference backend: the operators of `ops`, on host clouds.
@@ -78,19 +78,24 @@ impl Backend for CpuBackend {
     ) -> Result<DynamicVoxels, OpError> {
         Ok(voxelize_dynamic(&points.cloud.with_channels(channels), grid))
     }
-    fn downsample(
+    fn downsample_published(
         &mut self,
         points: &HostPoints,
+        view: &CloudView<'_>,
         grid: &VoxelGrid,
         keep: bool,
-        _per_point: bool,
-    ) -> Result<(DynamicVoxels, Option<HostPoints>), OpError> {
+    ) -> Result<(PublishedDownsample, Option<HostPoints>), OpError> {
         let dv = voxelize_dynamic(&points.cloud, grid);
+        let source = view.source_indices(points.dropped_non_finite);
+        let message = downsampled_message(&view.msg.header, view, &source, &dv, points.cloud.names());
         let kept = keep.then(|| HostPoints {
             cloud: Downsampled::from_dynamic(&dv, points.cloud.names()).cloud,
             dropped_non_finite: 0,
         });
-        Ok((dv, kept))
+        Ok((
+            PublishedDownsample { points: dv.voxel_count(), dropped_out_of_range: dv.dropped_out_of_range, message },
+            kept,
+        ))
     }
     fn pillar_features(
         &mut self,

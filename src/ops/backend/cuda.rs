@@ -10,8 +10,8 @@
 use super::{Backend, OpError};
 use crate::cloud::{CloudView, Header};
 use crate::gpu::{
-    select_backend, upload_and_gather, upload_xyz, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext,
-    GpuError, GrowBuffer, ProfileChoice,
+    select_backend, upload_and_gather, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext, GpuError,
+    GrowBuffer, PooledSlice, ProfileChoice,
 };
 use crate::ops::detect::cuda::DeviceDetector;
 use crate::ops::detect::{keep_boxes, DetectParams, Detections};
@@ -21,12 +21,13 @@ use crate::ops::neighbors::cuda::{ball_query_enqueue, knn_enqueue, NeighborsScra
 use crate::ops::neighbors::{neighborhoods_message_in, BallQueryParams, KnnParams, PublishedNeighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
-use crate::ops::voxel::cuda::{GpuVoxelizer, PerPoint};
+use crate::ops::voxel::cuda::GpuVoxelizer;
 use crate::ops::voxel::{
-    DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
+    DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedDownsample,
+    PublishedHardVoxels, VoxelGrid,
 };
 use crate::ops::Validate;
-use cudarc::driver::{result as drv, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result as drv, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// CUDA state kept across frames.
 pub struct CudaBackend {
@@ -49,7 +50,7 @@ pub struct CudaBackend {
 /// A cloud on the device: the gathered input, or a downsampled cloud's x, y, z (stride = len).
 pub enum DevicePoints {
     Gathered(DeviceCloud),
-    Xyz { data: CudaSlice<f32>, len: usize, names: Vec<String> },
+    Xyz { data: PooledSlice<f32>, len: usize, names: Vec<String> },
 }
 
 impl DevicePoints {
@@ -207,31 +208,23 @@ impl Backend for CudaBackend {
         grid.validate()?;
         self.fault_point(FaultOp::Voxelize)?;
         self.voxelizer.dynamic_device(&self.ctx, points.gathered(), channels, grid)?;
-        Ok(self.voxelizer.dynamic_to_host(&self.ctx, PerPoint::All)?)
+        Ok(self.voxelizer.dynamic_to_host(&self.ctx)?)
     }
-    fn downsample(
+    fn downsample_published(
         &mut self,
         points: &DevicePoints,
+        view: &CloudView<'_>,
         grid: &VoxelGrid,
         keep: bool,
-        per_point: bool,
-    ) -> Result<(DynamicVoxels, Option<DevicePoints>), OpError> {
+    ) -> Result<(PublishedDownsample, Option<DevicePoints>), OpError> {
         grid.validate()?;
         self.fault_point(FaultOp::Downsample)?;
         let cloud = points.gathered();
         let others: Vec<usize> = (3..cloud.num_channels()).collect();
         self.downsampler.dynamic_device(&self.ctx, cloud, &others, grid)?;
-        let per_point = if per_point { PerPoint::VoxelIndex } else { PerPoint::None };
-        let dv = self.downsampler.dynamic_to_host(&self.ctx, per_point)?;
-        let kept = if keep {
-            let c = dv.num_channels;
-            let axis = |a: usize| dv.means.iter().skip(a).step_by(c).copied().collect::<Vec<f32>>();
-            let data = upload_xyz(&self.ctx, &axis(0), &axis(1), &axis(2))?;
-            Some(DevicePoints::Xyz { data, len: dv.voxel_count(), names: cloud.names.clone() })
-        } else {
-            None
-        };
-        Ok((dv, kept))
+        let (published, xyz) = self.downsampler.downsampled_published(&self.ctx, cloud, view, keep)?;
+        let kept = xyz.map(|data| DevicePoints::Xyz { data, len: published.points, names: cloud.names.clone() });
+        Ok((published, kept))
     }
     fn pillar_features(
         &mut self,

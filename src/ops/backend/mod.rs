@@ -21,7 +21,8 @@ use super::fps::FpsParams;
 use super::neighbors::{BallQueryParams, KnnParams, PublishedNeighbors};
 use super::nms::{Box3d, NmsError, NmsOutput, NmsParams};
 use super::voxel::{
-    DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedHardVoxels, VoxelGrid,
+    DynamicVoxels, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures, PublishedDownsample,
+    PublishedHardVoxels, VoxelGrid,
 };
 use super::ParamError;
 use crate::cloud::{CloudView, Header};
@@ -95,16 +96,17 @@ pub trait Backend {
         channels: &[usize],
         grid: &VoxelGrid,
     ) -> Result<DynamicVoxels, OpError>;
-    /// Dynamic voxels of every channel (the downsampled cloud is their means); with `keep`, also
-    /// the downsampled cloud as this backend's points, for stages that run on it. Without
-    /// `per_point` a backend may leave `point_voxel` empty; `point_coords` may always be empty.
-    fn downsample(
+    /// The downsample stage as the pipeline publishes it: dynamic voxels of every channel of
+    /// `points` (the gather of `view`), written as the `downsampled` message in `view`'s layout
+    /// ([`super::voxel::downsampled_message`]); with `keep`, also the downsampled cloud (the means'
+    /// x, y, z) as this backend's points, for the stages that run on it.
+    fn downsample_published(
         &mut self,
         points: &Self::Points,
+        view: &CloudView<'_>,
         grid: &VoxelGrid,
         keep: bool,
-        per_point: bool,
-    ) -> Result<(DynamicVoxels, Option<Self::Points>), OpError>;
+    ) -> Result<(PublishedDownsample, Option<Self::Points>), OpError>;
     /// Hard voxels with their PointPillars features (`channels[0]` is the intensity channel).
     fn pillar_features(
         &mut self,

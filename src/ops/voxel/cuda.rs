@@ -34,13 +34,14 @@
 //! the `*_host` functions copy them back into the reference's output structs.
 
 use super::{
-    Downsampled, DynamicVoxels, FeaturesDtype, FeaturesLayout, HardVoxelParams, HardVoxels, PillarFeatures,
-    PublishedHardVoxels, VoxelGrid,
+    downsampled_message_in, Downsampled, DynamicVoxels, FeaturesDtype, FeaturesLayout, HardVoxelParams, HardVoxels,
+    PillarFeatures, PublishedDownsample, PublishedHardVoxels, VoxelGrid,
 };
-use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, StageTimer};
+use crate::cloud::CloudView;
+use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, PooledSlice, StageTimer};
 use crate::ops::{ParamError, Validate};
 use cudarc::driver::{
-    result as drv, sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    result as drv, sys, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -173,15 +174,6 @@ pub(crate) fn make_params(
     (p, if direct { cells as usize } else { h })
 }
 
-/// Which per-point results of a dynamic voxelization [`GpuVoxelizer::dynamic_to_host`] copies back
-/// (the others come back empty): a downsample needs at most the voxel of each point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PerPoint {
-    All,
-    VoxelIndex,
-    None,
-}
-
 /// What the last enqueued operation left in the voxelizer's buffers.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LastOp {
@@ -202,6 +194,10 @@ pub struct GpuVoxelizer {
     f_pillar: CudaFunction,
     f_half: CudaFunction,
     f_centroids: CudaFunction,
+    f_ds_records: CudaFunction,
+    f_means_xyz: CudaFunction,
+    /// The `downsampled` message's records ([`Self::downsampled_published`]).
+    ds_records: DevBuf<u8>,
     /// `[V, C]` centroids of the last hard voxels ([`Self::hard_published`]).
     centroids: DevBuf<f32>,
     /// fp16 copies of the features ([`Self::hard_features_f16`]).
@@ -277,6 +273,9 @@ impl GpuVoxelizer {
             f_pillar: f("vox_pillar")?,
             f_half: f("vox_to_half")?,
             f_centroids: f("vox_centroids")?,
+            f_ds_records: f("vox_ds_records")?,
+            f_means_xyz: f("vox_means_xyz")?,
+            ds_records: DevBuf::new(s, pools),
             centroids: DevBuf::new(s, pools),
             half: DevBuf::new(s, pools),
             table_keys: DevBuf::new(s, pools),
@@ -778,22 +777,74 @@ impl GpuVoxelizer {
         Ok(self.half.to_host(n)?.into_iter().map(half::f16::from_bits).collect())
     }
 
+    /// The last dynamic result, over every channel of `cloud` ([`Self::dynamic_device`]), as the
+    /// pipeline publishes it: the `downsampled` message in `view`'s layout
+    /// ([`super::downsampled_message`]), its records written on the device (`vox_ds_records`, from
+    /// the means and the cloud's uploaded records) and copied once into page-locked message bytes;
+    /// with `keep`, also the downsampled cloud's x, y, z as device columns (stride = its points).
+    /// Waits for the stream once the voxel count is known and once at the end.
+    pub fn downsampled_published(
+        &mut self,
+        ctx: &GpuContext,
+        cloud: &DeviceCloud,
+        view: &CloudView<'_>,
+        keep: bool,
+    ) -> Result<(PublishedDownsample, Option<PooledSlice<f32>>), GpuError> {
+        let LastOp::Dynamic { num_channels, .. } = self.last else {
+            return Err(GpuError::NoResult { op: "downsampled_published", result: "dynamic voxels" });
+        };
+        if num_channels != cloud.num_channels() || cloud.layout.num_channels as usize != num_channels {
+            return Err(GpuError::NoResult { op: "downsampled_published", result: "dynamic voxels of every channel" });
+        }
+        let ctr = self.counters_host()?;
+        let v = ctr[CTR_VOXELS] as usize;
+        let mut message = downsampled_message_in(&view.msg.header, view, v, |len| ctx.output_pool.take(len));
+        let mut xyz = keep.then(|| ctx.cloud_pool.take(3 * v.max(1))).transpose()?;
+        if v > 0 {
+            let s = &self.stream.clone();
+            let step = cloud.layout.point_step as usize;
+            let out = self.ds_records.ensure(v * step)?;
+            let (records, _r) = cloud.records.device_ptr(s);
+            let (source, _s) = cloud.source.device_ptr(s);
+            let (vals, seg, ctr_ptr, means) =
+                (self.vals[self.sorted_slot].ptr(), self.seg_start.ptr(), self.counters.ptr(), self.features.ptr());
+            let (lay, p) = (cloud.layout, self.last_params);
+            let mut l = s.launch_builder(&self.f_ds_records);
+            l.arg(&records).arg(&source).arg(&vals).arg(&seg).arg(&ctr_ptr).arg(&means).arg(&out).arg(&lay).arg(&p);
+            // SAFETY: matches vox_ds_records; `records` holds the cloud's message records and
+            // `source` a record index for each of its points; vals / seg_start / means hold the
+            // last dynamic result of this cloud over all of its channels; out has v records.
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, v), ctx.profile.block_size.voxel)) }?;
+            if let Some(xyz) = xyz.as_mut() {
+                let (dst, _x) = xyz.device_ptr_mut(s);
+                let mut l = s.launch_builder(&self.f_means_xyz);
+                l.arg(&means).arg(&ctr_ptr).arg(&dst).arg(&p);
+                // SAFETY: matches vox_means_xyz; dst holds 3 * v floats, means [v, C].
+                unsafe { l.launch(cfg(Self::fill_blocks(ctx, 3 * v), ctx.profile.block_size.voxel)) }?;
+            }
+            let bytes = message.data_mut();
+            debug_assert_eq!(bytes.len(), v * step);
+            // SAFETY: `out` holds the v records the message's bytes take; the bytes are not
+            // touched (nor their buffer reused) before the synchronisation below.
+            unsafe { drv::memcpy_dtoh_async(bytes, out, s.cu_stream()) }?;
+            s.synchronize()?;
+        }
+        let published =
+            PublishedDownsample { points: v, dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize, message };
+        Ok((published, xyz))
+    }
+
     /// Copies the last dynamic result back (waits for the stream).
-    pub fn dynamic_to_host(&self, _ctx: &GpuContext, per_point: PerPoint) -> Result<DynamicVoxels, GpuError> {
+    pub fn dynamic_to_host(&self, _ctx: &GpuContext) -> Result<DynamicVoxels, GpuError> {
         let LastOp::Dynamic { points, num_channels } = self.last else {
             return Err(GpuError::NoResult { op: "dynamic_to_host", result: "dynamic voxels" });
         };
         let ctr = self.counters_host()?;
         let v = ctr[CTR_VOXELS] as usize;
         let tri = |x: Vec<i32>| x.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect::<Vec<_>>();
-        let (coords, voxel) = match per_point {
-            PerPoint::All => (points, points),
-            PerPoint::VoxelIndex => (0, points),
-            PerPoint::None => (0, 0),
-        };
         Ok(DynamicVoxels {
-            point_coords: tri(self.point_coords.to_host(3 * coords)?),
-            point_voxel: self.point_voxel.to_host(voxel)?,
+            point_coords: tri(self.point_coords.to_host(3 * points)?),
+            point_voxel: self.point_voxel.to_host(points)?,
             voxel_coords: tri(self.coords.to_host(3 * v)?),
             num_points: self.num_points.to_host(v)?,
             means: self.features.to_host(v * num_channels)?,
@@ -828,7 +879,7 @@ pub fn voxelize_dynamic(
 ) -> Result<DynamicVoxels, GpuError> {
     let mut v = GpuVoxelizer::new(ctx)?;
     v.dynamic_device(ctx, cloud, channels, grid)?;
-    v.dynamic_to_host(ctx, PerPoint::All)
+    v.dynamic_to_host(ctx)
 }
 
 /// Builds the downsampled cloud from dynamic voxels (channel names: x, y, z + the chosen ones):
