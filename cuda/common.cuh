@@ -118,20 +118,29 @@ __device__ __forceinline__ double lk_load_wide(const unsigned char* field, unsig
     }
 }
 
-// a + b as the host CPU's addsd / fadd gives it, so that f64 sums over record values carry the CPU
-// reference's bits: a NaN operand is returned quieted, the first one when both are (the device's
-// own add returns its canonical NaN), and inf - inf is the host's default NaN (LK_HOST_DEFAULT_NAN,
-// set by src/gpu/kernels.rs from the host's architecture: x86 sets the sign bit, aarch64 does not).
+// a + b for a running f64 sum a, as the CPU reference sums (`ops::voxel::add_keeping_nan`): a NaN
+// sum stays as it is (so a sum is its first NaN), a NaN b is returned quieted (the device's own add
+// returns its canonical NaN), and inf - inf is the host's default NaN (LK_HOST_DEFAULT_NAN, set by
+// src/gpu/nvrtc.rs from the host's architecture: x86 sets the sign bit, aarch64 does not).
 #ifndef LK_HOST_DEFAULT_NAN
 #define LK_HOST_DEFAULT_NAN 0xfff8000000000000ull
 #endif
 __device__ __forceinline__ double lk_dadd_host(double a, double b) {
-    const unsigned long long qa = (unsigned long long)__double_as_longlong(a) | 0x0008000000000000ull;
-    const unsigned long long qb = (unsigned long long)__double_as_longlong(b) | 0x0008000000000000ull;
-    if (a != a) return __longlong_as_double((long long)qa);
-    if (b != b) return __longlong_as_double((long long)qb);
+    if (a != a) return a;
+    if (b != b) return __longlong_as_double(__double_as_longlong(b) | 0x0008000000000000ll);
     const double s = __dadd_rn(a, b);
     return s != s ? __longlong_as_double((long long)LK_HOST_DEFAULT_NAN) : s;
+}
+
+// f as f64 the way Rust's `as f64` does on the host: a NaN keeps its sign and payload with the
+// quiet bit set (x86 cvtss2sd, aarch64 fcvt), where the device's conversion returns its canonical NaN.
+__device__ __forceinline__ double lk_f32_to_f64_host(float f) {
+    if (f != f) {
+        const unsigned long long u = __float_as_uint(f);
+        return __longlong_as_double((long long)(((u & 0x80000000ull) << 32) | 0x7ff8000000000000ull |
+                                                ((u & 0x003fffffull) << 29)));
+    }
+    return (double)f;
 }
 
 // d as float32 the way Rust's `as f32` does on the host: round to nearest even; a NaN keeps its

@@ -52,6 +52,7 @@
 //      vox_dyn_means     one thread per (voxel, channel): f64 sum in input order / count -> f32.
 //      vox_ds_records    the `downsampled` message's records from the means and the input records.
 //      vox_means_xyz     the downsampled cloud's x, y, z columns.
+//      vox_centroids     hard voxels' centroids; vox_voxels_records the `voxels` message's records.
 //      vox_pillar        PointPillars decoration of hard voxels already on the device.
 //
 // Every scan is an exact integer prefix; atomics only count (sums of integers) or take a max, so
@@ -774,7 +775,7 @@ vox_dyn_means(const float* __restrict__ cloud, const unsigned int* __restrict__ 
         const unsigned int end = v + 1u < V ? seg_start[v + 1u] : K;
         const float* X = col(cloud, p, k);
         double sum = 0.0;
-        for (unsigned int j = start; j < end; ++j) sum = lk_dadd_host(sum, (double)X[vals[j]]);
+        for (unsigned int j = start; j < end; ++j) sum = lk_dadd_host(sum, lk_f32_to_f64_host(X[vals[j]]));
         means[t] = lk_f64_to_f32_host(lk_mean_host(sum, end - start));
         if (k == 0) num_points[v] = end - start;
     }
@@ -872,7 +873,7 @@ vox_pillar(const float* __restrict__ features, const unsigned int* __restrict__ 
 // Centroids of hard voxels for the `voxels` topic, on the device so that the [V, P, C] features are
 // only copied back into the published message, never read by the host. One thread per
 // (voxel, channel); the f64 sum runs in slot order from -0.0 (the neutral element of Rust's float
-// Sum), so the bits equal the CPU reference `ops::voxel::hard_centroids`.
+// Sum), each step as the host does it, so the bits equal the CPU reference `ops::voxel::hard_centroids`.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_centroids(const float* __restrict__ features, const unsigned int* __restrict__ num_points,
               const unsigned int* counters, float* __restrict__ out, const VoxParams p) {
@@ -886,8 +887,31 @@ vox_centroids(const float* __restrict__ features, const unsigned int* __restrict
         const unsigned int np = num_points[v];
         const float* blk = features + (unsigned long long)v * P * C + k;
         double sum = -0.0;
-        for (unsigned int j = 0; j < np; ++j) sum = __dadd_rn(sum, (double)blk[(unsigned long long)j * C]);
-        out[t] = __double2float_rn(__ddiv_rn(sum, (double)(np > 0u ? np : 1u)));
+        for (unsigned int j = 0; j < np; ++j) sum = lk_dadd_host(sum, lk_f32_to_f64_host(blk[(unsigned long long)j * C]));
+        out[t] = lk_f64_to_f32_host(lk_mean_host(sum, np > 0u ? np : 1u));
+    }
+}
+
+// The `voxels` message's records (`ops::voxel::voxels_message`): per kept voxel, little-endian
+// words centroid x, y, z, [the centroid of channel `intensity` when it is not -1], num_points,
+// voxel z, y, x. Written on the device so that the host copies the message instead of building it.
+extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
+vox_voxels_records(const float* __restrict__ centroids, const unsigned int* __restrict__ num_points,
+                   const int* __restrict__ coords, const unsigned int* counters, unsigned int* __restrict__ out,
+                   const int intensity, const VoxParams p) {
+    const unsigned int C = p.num_ch;
+    const unsigned int words = intensity >= 0 ? 8u : 7u;
+    const unsigned int V = kept_voxels(counters, p);
+    for (unsigned int v = blockIdx.x * VOXEL_BLOCK + threadIdx.x; v < V; v += gridDim.x * VOXEL_BLOCK) {
+        const float* c = centroids + (unsigned long long)v * C;
+        unsigned int* rec = out + (unsigned long long)v * words;
+        unsigned int k = 0;
+        rec[k++] = __float_as_uint(c[0]);
+        rec[k++] = __float_as_uint(c[1]);
+        rec[k++] = __float_as_uint(c[2]);
+        if (intensity >= 0) rec[k++] = __float_as_uint(c[intensity]);
+        rec[k++] = num_points[v];
+        for (unsigned int a = 0; a < 3u; ++a) rec[k++] = (unsigned int)coords[3ull * v + a];
     }
 }
 

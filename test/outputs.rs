@@ -126,6 +126,30 @@ fn float64_stamps_and_uint32_offsets_come_out_exact() {
     }
 }
 
+/// A voxel whose FLOAT64 stamps hold NaNs publishes its first NaN, quieted, with its payload (the
+/// CUDA backend reproduces these bits); a voxel without NaN is unaffected.
+#[test]
+fn a_nan_stamp_is_the_voxels_first_nan() {
+    let signalling = f64::from_bits(0x7ff4_0000_dead_beef);
+    let negative_quiet = f64::from_bits(0xfff8_0000_0000_0001);
+    let at = |x: f32, stamp: f64| Point { xyz: [x, 0.1, 0.1], stamp, t: 7 };
+    // Voxel 0: 1.5, then the signalling NaN, then the negative quiet NaN; voxel 1: finite only.
+    let points = [at(0.1, 1.5), at(0.12, signalling), at(0.3, 2.0), at(0.14, negative_quiet), at(0.31, 4.0)];
+    let records: Vec<u8> = points.iter().flat_map(|p| record(p, 0.0, 0)).collect();
+    let cfg = config(
+        "voxelize: {enabled: false}\nneighbors: {enabled: false}\nfps: {enabled: false}\n\
+         downsample: {voxel_size: [0.2, 0.2, 0.2], point_cloud_range: [0, 0, 0, 2, 2, 2]}",
+    );
+    let cdr = message(records, points.len());
+    let mut pipeline = Pipeline::new(cfg);
+    let frame = pipeline.process_cdr(&cdr).unwrap();
+    let down = topic(frame.messages(), DOWNSAMPLED_TOPIC);
+    assert_eq!(down.len(), 2);
+    let stamp = &down.layout.fields[4];
+    assert_eq!(down.value(stamp, 0).to_bits(), 0x7ffc_0000_dead_beef, "quieted, payload kept");
+    assert_eq!(down.value(stamp, 1), 3.0);
+}
+
 /// A 17.5 M-point cloud: indices above 2^24 (where float32 has no odd integers) come out exact in
 /// `samples` (the record itself), `neighborhoods.index` and `neighborhoods.query_index`.
 #[test]

@@ -230,15 +230,42 @@ fn assert_cloud_bits_eq(got: &Cloud, exp_names: &[String], exp_cols: &[Vec<f32>]
 /// The hard voxels as the pipeline publishes them: the `voxel_features` message holds the oracle's
 /// features as little-endian FLOAT32 fields (or binary16 bits in UINT16 fields), V rows of P.
 fn check_published(hard: &HardVoxels, exp: &HardVoxels, exp_centroids: &[f32], ctx: &str) {
-    let names: Vec<String> =
-        ["x", "y", "z"].into_iter().map(String::from).chain((3..exp.num_channels).map(|k| format!("f{k}"))).collect();
+    let names: Vec<String> = ["x", "y", "z", "intensity"]
+        .into_iter()
+        .take(exp.num_channels)
+        .map(String::from)
+        .chain((4..exp.num_channels).map(|k| format!("f{k}")))
+        .collect();
     let header = Header { stamp_sec: 3, stamp_nanosec: 4, frame_id: "voxel_test".into() };
     for dtype in [FeaturesDtype::Float32, FeaturesDtype::Float16] {
         let layout = FeaturesLayout { header: &header, names: &names, dtype };
-        let p = PublishedHardVoxels::from_host(hard.clone(), &layout);
-        assert!(p.voxels.features.is_empty(), "{ctx}: features moved into the message");
-        assert_eq!((&p.voxels.coords, &p.voxels.num_points), (&exp.coords, &exp.num_points), "{ctx}");
-        assert!(bits(&p.centroids) == bits(exp_centroids), "{ctx}: published centroids");
+        let p = PublishedHardVoxels::from_host(hard, &layout);
+        assert_eq!(p.counts.voxels, exp.voxel_count(), "{ctx}");
+        assert_eq!(p.counts.kept_points, exp.num_points.iter().map(|&n| n as usize).sum::<usize>(), "{ctx}");
+        // `voxels`: per voxel its centroid x, y, z (and intensity), num_points, voxel z, y, x.
+        let voxels = p.voxels.view();
+        let with_intensity = exp.num_channels > 3;
+        let expect_names = ["x", "y", "z", "intensity", "num_points", "voxel_z", "voxel_y", "voxel_x"];
+        let got_names: Vec<&str> = voxels.layout.fields.iter().map(|f| f.name.as_str()).collect();
+        let want_names: Vec<&str> =
+            expect_names.iter().copied().filter(|&n| with_intensity || n != "intensity").collect();
+        assert_eq!(got_names, want_names, "{ctx}: voxels fields");
+        assert_eq!(voxels.len(), exp.voxel_count(), "{ctx}");
+        let c = exp.num_channels;
+        for v in 0..exp.voxel_count() {
+            let word = |k: usize| u32::from_le_bytes(voxels.record(v)[4 * k..4 * k + 4].try_into().unwrap());
+            let mut want = vec![
+                exp_centroids[v * c].to_bits(),
+                exp_centroids[v * c + 1].to_bits(),
+                exp_centroids[v * c + 2].to_bits(),
+            ];
+            if with_intensity {
+                want.push(exp_centroids[v * c + 3].to_bits());
+            }
+            want.push(exp.num_points[v]);
+            want.extend(exp.coords[v].map(|a| a as u32));
+            assert_eq!((0..want.len()).map(word).collect::<Vec<_>>(), want, "{ctx}: voxels record {v}");
+        }
         let view = p.features.view();
         assert_eq!((view.msg.height as usize, view.msg.width as usize), (exp.voxel_count(), exp.max_points), "{ctx}");
         assert_eq!(view.msg.header, header);

@@ -19,7 +19,7 @@ pub use stats::{GpuFallbackStats, LatencySamples, PipelineStats};
 use crate::cloud::{CloudError, CloudMessage, CloudView, Header};
 use crate::ops::backend::OpError;
 use crate::ops::nms::{Box3d, NmsOutput};
-use crate::ops::voxel::{DynamicVoxels, HardVoxels};
+use crate::ops::voxel::{DynamicVoxels, HardVoxelCounts};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -37,12 +37,9 @@ pub enum FrameError {
 /// Voxelization result of either mode.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Voxels {
-    /// Hard voxels without their features (those went into the `voxel_features` message) and
-    /// their `[V, C]` centroids.
-    Hard {
-        voxels: HardVoxels,
-        centroids: Vec<f32>,
-    },
+    /// Hard voxels' counts (the voxels and their features went into the `voxels` and
+    /// `voxel_features` messages).
+    Hard(HardVoxelCounts),
     Dynamic(DynamicVoxels),
 }
 
@@ -96,36 +93,25 @@ fn timed<T>(timings: &mut Timings, stage: &'static str, f: impl FnOnce() -> T) -
 
 impl Voxels {
     pub fn len(&self) -> usize {
-        self.num_points().len()
+        match self {
+            Voxels::Hard(c) => c.voxels,
+            Voxels::Dynamic(v) => v.voxel_count(),
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    pub fn num_points(&self) -> &[u32] {
-        match self {
-            Voxels::Hard { voxels: v, .. } => &v.num_points,
-            Voxels::Dynamic(v) => &v.num_points,
-        }
-    }
-
-    pub fn coords(&self) -> &[[i32; 3]] {
-        match self {
-            Voxels::Hard { voxels: v, .. } => &v.coords,
-            Voxels::Dynamic(v) => &v.voxel_coords,
-        }
-    }
-
     pub fn dropped_out_of_range(&self) -> usize {
         match self {
-            Voxels::Hard { voxels: v, .. } => v.dropped_out_of_range,
+            Voxels::Hard(c) => c.dropped_out_of_range,
             Voxels::Dynamic(v) => v.dropped_out_of_range,
         }
     }
 
     pub fn dropped_capacity(&self) -> usize {
         match self {
-            Voxels::Hard { voxels: v, .. } => v.dropped_point_capacity + v.dropped_voxel_capacity,
+            Voxels::Hard(c) => c.dropped_point_capacity + c.dropped_voxel_capacity,
             Voxels::Dynamic(_) => 0,
         }
     }

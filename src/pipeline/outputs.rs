@@ -2,7 +2,6 @@
 //! Integer values (indices, counts, coordinates) are written as INT32/UINT32 from the integers
 //! themselves, exact for any cloud size; pass-through fields are copied from the input records.
 
-use super::Voxels;
 use crate::cloud::{CdrWriter, Cloud, CloudMessage, CloudView, Datatype, Header, PointField, SourceIndex};
 use crate::ops::detect::{Cluster, Detections, CLASS_NAMES};
 use crate::ops::neighbors::for_each_record;
@@ -57,29 +56,6 @@ fn packed_message(header: &Header, height: usize, width: usize, columns: &[(&str
         }
     });
     m
-}
-
-/// `voxels`: one point per voxel, in voxel order (row v of `voxel_features` for hard voxels):
-/// centroid x, y, z, mean intensity (when the features have one), `num_points` (UINT32) and the
-/// grid coordinates `voxel_z`, `voxel_y`, `voxel_x` (INT32).
-pub fn voxels_message(header: &Header, voxels: &Voxels, names: &[String]) -> CloudMessage {
-    let c = match voxels {
-        Voxels::Hard { voxels: v, centroids } => Cloud::from_row_major(centroids, v.num_channels, names),
-        Voxels::Dynamic(v) => Cloud::from_row_major(&v.means, v.num_channels, names),
-    };
-    let coord = |k: usize| Column::I32(voxels.coords().iter().map(|v| v[k]).collect());
-    let mut columns =
-        vec![("x", Column::F32(c.x().into())), ("y", Column::F32(c.y().into())), ("z", Column::F32(c.z().into()))];
-    if let Some(i) = c.intensity() {
-        columns.push(("intensity", Column::F32(i.into())));
-    }
-    columns.extend([
-        ("num_points", Column::U32(voxels.num_points().into())),
-        ("voxel_z", coord(0)),
-        ("voxel_y", coord(1)),
-        ("voxel_x", coord(2)),
-    ]);
-    packed_message(header, 1, voxels.len(), &columns)
 }
 
 /// Box records (x y z length width height yaw score label).

@@ -9,7 +9,7 @@ use crate::cloud::{Cloud, CloudMessage, CloudView, SourceIndex};
 use crate::ops::backend::Backend;
 use crate::ops::detect::Detections;
 use crate::ops::fps::FpsParams;
-use crate::ops::voxel::FeaturesLayout;
+use crate::ops::voxel::{voxels_message, FeaturesLayout};
 
 /// Output topics, relative to the output namespace.
 pub const VOXELS_TOPIC: &str = "voxels";
@@ -223,23 +223,25 @@ pub fn run<B: Backend>(
     let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
     let mut pending =
         if cfg.fps.enabled && !fps_on_downsampled { Some(start_sampling(backend, &cloud, cfg, t)?) } else { None };
-    let (voxels, voxel_features) = if cfg.voxelize.enabled {
+    let (voxels, voxel_messages) = if cfg.voxelize.enabled {
         let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
-        let (voxels, features) = timed(t, "voxelize", || -> Result<_, FrameError> {
+        let (voxels, messages) = timed(t, "voxelize", || -> Result<_, FrameError> {
             Ok(match cfg.voxelize.mode {
                 VoxelMode::Hard => {
                     let layout = FeaturesLayout { header: h, names: &voxel_names, dtype: cfg.voxelize.features_dtype };
                     let p = backend.voxelize_hard_published(&cloud, &channels, &cfg.voxelize.params, &layout)?;
-                    (Voxels::Hard { voxels: p.voxels, centroids: p.centroids }, Some(p.features))
+                    (Voxels::Hard(p.counts), (Some(p.voxels), Some(p.features)))
                 }
                 VoxelMode::Dynamic => {
-                    (Voxels::Dynamic(backend.voxelize_dynamic(&cloud, &channels, &cfg.voxelize.params.grid)?), None)
+                    let dv = backend.voxelize_dynamic(&cloud, &channels, &cfg.voxelize.params.grid)?;
+                    let m = voxels_message(h, &dv.means, &voxel_names, &dv.num_points, &dv.voxel_coords);
+                    (Voxels::Dynamic(dv), (Some(m), None))
                 }
             })
         })?;
-        (Some(voxels), features)
+        (Some(voxels), messages)
     } else {
-        (None, None)
+        (None, (None, None))
     };
     let (downsampled, downsampled_points) = if cfg.downsample.enabled {
         let (d, kept) = timed(t, "downsample", || {
@@ -257,11 +259,11 @@ pub fn run<B: Backend>(
         pending = Some(start_sampling(backend, fps_cloud, cfg, t)?);
     }
 
-    let voxels_message = timed(t, "encode", || voxels.as_ref().map(|v| outputs::voxels_message(h, v, &voxel_names)));
     let (downsampled, downsampled_message) = match downsampled {
         Some(d) => (Some(d.points), Some(d.message)),
         None => (None, None),
     };
+    let (voxels_message, voxel_features) = voxel_messages;
     messages.extend(voxels_message.map(|m| (VOXELS_TOPIC, m)));
     messages.extend(voxel_features.map(|m| (VOXEL_FEATURES_TOPIC, m)));
 

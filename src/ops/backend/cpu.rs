@@ -68,7 +68,7 @@ impl Backend for CpuBackend {
         params: &HardVoxelParams,
         layout: &FeaturesLayout<'_>,
     ) -> Result<PublishedHardVoxels, OpError> {
-        Ok(PublishedHardVoxels::from_host(self.voxelize_hard(points, channels, params)?, layout))
+        Ok(PublishedHardVoxels::from_host(&self.voxelize_hard(points, channels, params)?, layout))
     }
     fn voxelize_dynamic(
         &mut self,

@@ -34,10 +34,10 @@
 //! the `*_host` functions copy them back into the reference's output structs.
 
 use super::{
-    downsampled_message_in, Downsampled, DynamicVoxels, FeaturesDtype, FeaturesLayout, HardVoxelParams, HardVoxels,
-    PillarFeatures, PublishedDownsample, PublishedHardVoxels, VoxelGrid,
+    downsampled_message_in, voxels_fields, Downsampled, DynamicVoxels, FeaturesDtype, FeaturesLayout, HardVoxelCounts,
+    HardVoxelParams, HardVoxels, PillarFeatures, PublishedDownsample, PublishedHardVoxels, VoxelGrid,
 };
-use crate::cloud::CloudView;
+use crate::cloud::{CloudMessage, CloudView};
 use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, PooledSlice, StageTimer};
 use crate::ops::{ParamError, Validate};
 use cudarc::driver::{
@@ -195,9 +195,12 @@ pub struct GpuVoxelizer {
     f_half: CudaFunction,
     f_centroids: CudaFunction,
     f_ds_records: CudaFunction,
+    f_voxel_records: CudaFunction,
     f_means_xyz: CudaFunction,
     /// The `downsampled` message's records ([`Self::downsampled_published`]).
     ds_records: DevBuf<u8>,
+    /// The `voxels` message's records ([`Self::hard_published`]).
+    voxel_records: DevBuf<u32>,
     /// `[V, C]` centroids of the last hard voxels ([`Self::hard_published`]).
     centroids: DevBuf<f32>,
     /// fp16 copies of the features ([`Self::hard_features_f16`]).
@@ -274,8 +277,10 @@ impl GpuVoxelizer {
             f_half: f("vox_to_half")?,
             f_centroids: f("vox_centroids")?,
             f_ds_records: f("vox_ds_records")?,
+            f_voxel_records: f("vox_voxels_records")?,
             f_means_xyz: f("vox_means_xyz")?,
             ds_records: DevBuf::new(s, pools),
+            voxel_records: DevBuf::new(s, pools),
             centroids: DevBuf::new(s, pools),
             half: DevBuf::new(s, pools),
             table_keys: DevBuf::new(s, pools),
@@ -697,28 +702,45 @@ impl GpuVoxelizer {
     }
 
     /// The last hard result (raw features written) as the pipeline publishes it: the centroids
-    /// computed on the device, the [V, P, C] features (converted to fp16 on the device when
-    /// `layout` says so) copied once, straight into the message's page-locked bytes.
+    /// (`vox_centroids`) and the `voxels` records (`vox_voxels_records`) written on the device,
+    /// the [V, P, C] features (converted to fp16 on the device when `layout` says so), both copied
+    /// once, straight into the messages' page-locked bytes. Waits for the counters, then once for
+    /// both copies.
     pub fn hard_published(
         &mut self,
         ctx: &GpuContext,
         layout: &FeaturesLayout<'_>,
     ) -> Result<PublishedHardVoxels, GpuError> {
+        let LastOp::Hard { max_points: p, num_channels: c, max_voxels, .. } = self.last else {
+            return Err(GpuError::NoResult { op: "hard_published", result: "hard voxels" });
+        };
         if self.last_params.flags & FLAG_RAW == 0 {
             return Err(GpuError::NoResult { op: "hard_published", result: "raw hard-voxel features" });
         }
-        let voxels = self.hard_voxels_host("hard_published")?;
-        let (v, p, c) = (voxels.voxel_count(), voxels.max_points, voxels.num_channels);
-        let s = &self.stream.clone();
-        let out = self.centroids.ensure((v * c).max(1))?;
-        let mut features = layout.message(&voxels, |len| ctx.output_pool.take(len));
+        let ctr = self.counters_host()?;
+        let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
+        let counts = self.hard_counts(&ctr);
+        let names = &layout.names[..c.min(layout.names.len())];
+        let (fields, step, intensity) = voxels_fields(names, c);
+        let mut voxels =
+            CloudMessage::in_bytes(layout.header, 1, v, &fields, step, false, |len| ctx.output_pool.take(len));
+        let mut features = layout.message(&counts, (c, p), |len| ctx.output_pool.take(len));
         if v > 0 {
-            let (feats, np, ctr, vp) =
-                (self.features.ptr(), self.num_points.ptr(), self.counters.ptr(), self.last_params);
+            let s = &self.stream.clone();
+            let out = self.centroids.ensure(v * c)?;
+            let records = self.voxel_records.ensure(v * step as usize / 4)?;
+            let (feats, np, coords, ctr_ptr, vp) =
+                (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr(), self.last_params);
             let mut l = s.launch_builder(&self.f_centroids);
-            l.arg(&feats).arg(&np).arg(&ctr).arg(&out).arg(&vp);
+            l.arg(&feats).arg(&np).arg(&ctr_ptr).arg(&out).arg(&vp);
             // SAFETY: matches vox_centroids; features hold [V, P, C], out V * C floats.
             unsafe { l.launch(cfg(Self::fill_blocks(ctx, v * c), ctx.profile.block_size.voxel)) }?;
+            let intensity = intensity.map_or(-1, |k| k as i32);
+            let mut l = s.launch_builder(&self.f_voxel_records);
+            l.arg(&out).arg(&np).arg(&coords).arg(&ctr_ptr).arg(&records).arg(&intensity).arg(&vp);
+            // SAFETY: matches vox_voxels_records; centroids [V, C], num_points [V], coords [V, 3],
+            // records V * step / 4 words (7 or 8 per voxel: `step` of `voxels_fields`).
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, v), ctx.profile.block_size.voxel)) }?;
             let n = v * p * c;
             let src = match layout.dtype {
                 FeaturesDtype::Float32 => feats,
@@ -732,17 +754,39 @@ impl GpuVoxelizer {
                     dst
                 }
             };
-            let records = features.data_mut();
-            debug_assert_eq!(records.len(), n * layout.dtype.bytes());
-            // SAFETY: `src` holds the message's record bytes (n values of the message's field
-            // type, little endian like the device); `records` is not touched (nor its buffer
-            // reused) before the synchronisation below, which returns once the copy has run or
-            // the stream has failed.
-            unsafe { drv::memcpy_dtoh_async(records, src, s.cu_stream()) }?;
+            let feature_bytes = features.data_mut();
+            debug_assert_eq!(feature_bytes.len(), n * layout.dtype.bytes());
+            let voxel_bytes = voxels.data_mut();
+            debug_assert_eq!(voxel_bytes.len(), v * step as usize);
+            // SAFETY: `src` holds the features message's record bytes (n values of its field
+            // type, little endian like the device) and `records` the voxels message's; the host
+            // bytes are not touched (nor their buffers reused) before the synchronisation below,
+            // which returns once the copies have run or the stream has failed.
+            unsafe {
+                drv::memcpy_dtoh_async(feature_bytes, src, s.cu_stream())?;
+                drv::memcpy_dtoh_async(voxel_bytes, records, s.cu_stream())?;
+            }
             s.synchronize()?;
         }
-        let centroids = self.centroids.to_host(v * c)?;
-        Ok(PublishedHardVoxels { voxels, centroids, features })
+        Ok(PublishedHardVoxels { counts, voxels, features })
+    }
+
+    /// The last hard result's counts, from its counters and the kept points' total.
+    fn hard_counts(&self, ctr: &[u32]) -> HardVoxelCounts {
+        let LastOp::Hard { max_voxels, .. } = self.last else { unreachable!("hard voxels") };
+        let (n, oor, pcap, vcap) = (
+            self.last_params.n as usize,
+            ctr[CTR_OUT_OF_RANGE] as usize,
+            ctr[CTR_POINT_CAP] as usize,
+            ctr[CTR_VOXEL_CAP] as usize,
+        );
+        HardVoxelCounts {
+            voxels: ctr[CTR_VOXELS].min(max_voxels) as usize,
+            kept_points: n - oor - pcap - vcap,
+            dropped_out_of_range: oor,
+            dropped_point_capacity: pcap,
+            dropped_voxel_capacity: vcap,
+        }
     }
 
     /// fp16 copies of the last hard voxels' `[V, P, C]` features (`pillar = false`) or pillar

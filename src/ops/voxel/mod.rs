@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{ParamError, Validate};
 use crate::cloud::{
     write_field, Cloud, CloudMessage, CloudView, Datatype, Header, MessageBytes, PointField, SourceIndex,
+    INTENSITY_NAMES,
 };
 use crate::ops::neighbors::for_each_record;
 
@@ -530,7 +531,7 @@ pub fn voxelize_dynamic(cloud: &Cloud, grid: &VoxelGrid) -> DynamicVoxels {
             let mut sum = vec![0.0f64; nv];
             for (&v, &val) in out.point_voxel.iter().zip(col.iter()) {
                 if v >= 0 {
-                    sum[v as usize] += val as f64;
+                    add_keeping_nan(&mut sum[v as usize], val as f64);
                 }
             }
             sum
@@ -707,6 +708,16 @@ impl FeaturesDtype {
     }
 }
 
+/// `*sum += v`, except that a NaN sum stays as it is, so that a voxel's sum is its first NaN
+/// (quieted): with two NaN operands x86 returns one or the other depending on the operand order
+/// the compiler picks. The CUDA kernels' f64 sums (`lk_dadd_host`) give the same bits.
+#[inline]
+pub(crate) fn add_keeping_nan(sum: &mut f64, v: f64) {
+    if !sum.is_nan() {
+        *sum += v;
+    }
+}
+
 /// The downsample stage as the pipeline publishes it: the `downsampled` message of
 /// [`downsampled_message`] (the CUDA backend writes its records on the device) and its counts.
 #[derive(Debug, Clone)]
@@ -779,7 +790,7 @@ pub fn downsampled_message(
                 if vox >= 0 && voxels.contains(&(vox as usize)) {
                     let sum = &mut sums[(vox as usize - first) * nw..][..nw];
                     for (s, &(dt, off)) in sum.iter_mut().zip(&wide) {
-                        *s += view.value_at(dt, off, source.get(p));
+                        add_keeping_nan(s, view.value_at(dt, off, source.get(p)));
                     }
                 }
             }
@@ -797,15 +808,87 @@ pub fn downsampled_message(
     m
 }
 
-/// Hard voxels as the pipeline publishes them: `voxels.features` is empty because the [V, P, C]
-/// values went straight into `features`, the `voxel_features` message (the CUDA backend copies
-/// them from the device into the message's bytes, once).
+/// What a hard voxelization kept and dropped: the counts the pipeline reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HardVoxelCounts {
+    /// `V`, the kept voxels.
+    pub voxels: usize,
+    /// Points in the kept voxels' slots.
+    pub kept_points: usize,
+    pub dropped_out_of_range: usize,
+    pub dropped_point_capacity: usize,
+    pub dropped_voxel_capacity: usize,
+}
+
+impl HardVoxels {
+    pub fn counts(&self) -> HardVoxelCounts {
+        HardVoxelCounts {
+            voxels: self.voxel_count(),
+            kept_points: self.num_points.iter().map(|&n| n as usize).sum(),
+            dropped_out_of_range: self.dropped_out_of_range,
+            dropped_point_capacity: self.dropped_point_capacity,
+            dropped_voxel_capacity: self.dropped_voxel_capacity,
+        }
+    }
+}
+
+/// Hard voxels as the pipeline publishes them: the `voxels` message ([`voxels_message`] of the
+/// centroids) and the `voxel_features` message holding the [V, P, C] values (the CUDA backend
+/// writes both on the device and copies them into the messages' bytes, once).
 #[derive(Debug, Clone)]
 pub struct PublishedHardVoxels {
-    pub voxels: HardVoxels,
-    /// `[V, C]`: each voxel's mean of every channel over its kept points ([`hard_centroids`]).
-    pub centroids: Vec<f32>,
+    pub counts: HardVoxelCounts,
+    pub voxels: CloudMessage,
     pub features: CloudMessage,
+}
+
+/// The `voxels` message's fields for voxels of the channels `names[..num_channels]` (x, y, z
+/// first), packed little-endian 4-byte words: centroid `x`, `y`, `z`, the mean `intensity` when a
+/// channel is one ([`INTENSITY_NAMES`], in that order of preference), `num_points` (UINT32) and
+/// `voxel_z`, `voxel_y`, `voxel_x` (INT32); with the point step and the intensity's channel.
+pub fn voxels_fields(names: &[String], num_channels: usize) -> (Vec<PointField>, u32, Option<usize>) {
+    let channels = &names[..num_channels.min(names.len())];
+    let intensity = INTENSITY_NAMES.iter().find_map(|n| (3..channels.len()).find(|&k| channels[k] == *n));
+    let mut fields = vec![("x", Datatype::Float32), ("y", Datatype::Float32), ("z", Datatype::Float32)];
+    if intensity.is_some() {
+        fields.push(("intensity", Datatype::Float32));
+    }
+    fields.extend([
+        ("num_points", Datatype::Uint32),
+        ("voxel_z", Datatype::Int32),
+        ("voxel_y", Datatype::Int32),
+        ("voxel_x", Datatype::Int32),
+    ]);
+    let (fields, step) = PointField::packed(fields);
+    (fields, step, intensity)
+}
+
+/// `voxels`: one point per voxel, in voxel order (row v of `voxel_features` for hard voxels), with
+/// the fields of [`voxels_fields`]; `means` is `[V, C]` (hard voxels' centroids, dynamic voxels'
+/// means).
+pub fn voxels_message(
+    header: &Header,
+    means: &[f32],
+    names: &[String],
+    num_points: &[u32],
+    coords: &[[i32; 3]],
+) -> CloudMessage {
+    let v = num_points.len();
+    let c = if v == 0 { names.len() } else { means.len() / v };
+    let (fields, step, intensity) = voxels_fields(names, c);
+    let mut m = CloudMessage::new(header, 1, v, &fields, step, false);
+    for_each_record(m.data_mut(), step as usize, |i, rec| {
+        let mean = &means[i * c..(i + 1) * c];
+        let [z, y, x] = coords[i].map(|a| a as u32);
+        let words = [mean[0].to_bits(), mean[1].to_bits(), mean[2].to_bits()]
+            .into_iter()
+            .chain(intensity.map(|k| mean[k].to_bits()))
+            .chain([num_points[i], z, y, x]);
+        for (w, at) in words.zip(rec.chunks_exact_mut(4)) {
+            at.copy_from_slice(&w.to_le_bytes());
+        }
+    });
+    m
 }
 
 /// What the `voxel_features` message of [`PublishedHardVoxels`] is made of.
@@ -833,24 +916,26 @@ impl FeaturesLayout<'_> {
     /// record bytes (the [V, P, C] array itself) are left as `alloc` gives them. Slots past a
     /// voxel's `num_points` are zero, as a PointPillars network expects them, and make the
     /// message not dense.
-    pub fn message(&self, v: &HardVoxels, alloc: impl FnOnce(usize) -> MessageBytes) -> CloudMessage {
-        let (fields, step) = self.fields(v.num_channels);
-        let mut m = CloudMessage::in_bytes(self.header, v.voxel_count(), v.max_points, &fields, step, false, alloc);
-        m.set_dense(every_slot_used(v));
+    pub fn message(
+        &self,
+        counts: &HardVoxelCounts,
+        (num_channels, max_points): (usize, usize),
+        alloc: impl FnOnce(usize) -> MessageBytes,
+    ) -> CloudMessage {
+        let (fields, step) = self.fields(num_channels);
+        let mut m = CloudMessage::in_bytes(self.header, counts.voxels, max_points, &fields, step, false, alloc);
+        // Dense when no voxel has an empty (zero) slot.
+        m.set_dense(counts.kept_points == counts.voxels * max_points);
         m
     }
 }
 
-/// No voxel has an empty (zero) slot: `voxel_features` is dense.
-fn every_slot_used(v: &HardVoxels) -> bool {
-    v.num_points.iter().all(|&n| n as usize == v.max_points)
-}
-
 impl PublishedHardVoxels {
     /// From hard voxels on the host (the CPU backend): the features, in the layout's datatype,
-    /// become the message's records (one copy).
-    pub fn from_host(mut voxels: HardVoxels, layout: &FeaturesLayout<'_>) -> Self {
-        let centroids = hard_centroids(&voxels);
+    /// become the `voxel_features` message's records (one copy), the centroids the `voxels`
+    /// message.
+    pub fn from_host(voxels: &HardVoxels, layout: &FeaturesLayout<'_>) -> Self {
+        let centroids = hard_centroids(voxels);
         let converted: Vec<u8>;
         let records: &[u8] = match layout.dtype {
             FeaturesDtype::Float32 if cfg!(target_endian = "little") => bytemuck::cast_slice(&voxels.features),
@@ -863,17 +948,20 @@ impl PublishedHardVoxels {
                 &converted
             }
         };
+        let counts = voxels.counts();
         let (fields, step) = layout.fields(voxels.num_channels);
         let dims = (voxels.voxel_count(), voxels.max_points);
         let mut features = CloudMessage::from_records(layout.header, dims, &fields, step, false, records);
-        features.set_dense(every_slot_used(&voxels));
-        voxels.features = Vec::new();
-        Self { voxels, centroids, features }
+        features.set_dense(counts.kept_points == counts.voxels * voxels.max_points);
+        let names = &layout.names[..voxels.num_channels.min(layout.names.len())];
+        let voxels_message = voxels_message(layout.header, &centroids, names, &voxels.num_points, &voxels.coords);
+        Self { counts, voxels: voxels_message, features }
     }
 }
 
 /// `[V, C]` centroids of hard voxels: per voxel and channel, the f64 sum of its kept slots in
-/// slot order (starting from -0.0, the neutral element of Rust's float `Sum`), divided by the
+/// slot order (starting from -0.0, the neutral element of Rust's float `Sum`; NaN as
+/// [`add_keeping_nan`]), divided by the
 /// count in f64 and rounded to f32. The CUDA kernel `vox_centroids` computes the same bits.
 pub fn hard_centroids(v: &HardVoxels) -> Vec<f32> {
     let (c, p) = (v.num_channels, v.max_points);
@@ -881,7 +969,10 @@ pub fn hard_centroids(v: &HardVoxels) -> Vec<f32> {
     if c > 0 {
         means.par_chunks_mut(c).zip(&v.num_points).enumerate().for_each(|(vi, (mean, &n))| {
             for (ch, m) in mean.iter_mut().enumerate() {
-                let sum = (0..n as usize).fold(-0.0f64, |s, slot| s + v.features[(vi * p + slot) * c + ch] as f64);
+                let mut sum = -0.0f64;
+                for slot in 0..n as usize {
+                    add_keeping_nan(&mut sum, v.features[(vi * p + slot) * c + ch] as f64);
+                }
                 *m = (sum / n.max(1) as f64) as f32;
             }
         });
