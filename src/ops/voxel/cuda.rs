@@ -28,7 +28,9 @@
 //! The scratch and output buffers are raw device allocations ([`DevBuf`]) passed to the kernels as
 //! plain pointers: cudarc's per-argument event tracking (a stream wait and an event record per
 //! slice argument and launch) would cost more host time than the kernels take on a 100k-point scan.
-//! Everything runs on the context's one stream, so stream order is the only synchronization needed.
+//! A voxelizer's kernels and copies run on its one stream, so stream order is the only
+//! synchronization needed among them; its input cloud's writes on another stream are waited for
+//! through the cloud's events.
 //!
 //! Results stay on the device in the [`GpuVoxelizer`]'s buffers (for chaining) until the next call;
 //! the `*_host` functions copy them back into the reference's output structs.
@@ -660,15 +662,15 @@ impl GpuVoxelizer {
         self.counters.to_host(CTR_WORDS)
     }
 
-    /// The last hard result's voxels without their features (`features` empty), and how many.
-    fn hard_voxels_host(&self, op: &'static str) -> Result<HardVoxels, GpuError> {
-        let LastOp::Hard { max_points, num_channels, max_voxels, .. } = self.last else {
-            return Err(GpuError::NoResult { op, result: "hard voxels" });
+    /// Copies the last hard result back (waits for the stream).
+    pub fn hard_to_host(&self, _ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
+        let LastOp::Hard { max_points, num_channels, max_voxels, pillar_channels } = self.last else {
+            return Err(GpuError::NoResult { op: "hard_to_host", result: "hard voxels" });
         };
         let ctr = self.counters_host()?;
         let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
         let coords = self.coords.to_host(3 * v)?;
-        Ok(HardVoxels {
+        let mut hv = HardVoxels {
             features: Vec::new(),
             coords: coords.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
             num_points: self.num_points.to_host(v)?,
@@ -677,13 +679,7 @@ impl GpuVoxelizer {
             dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize,
             dropped_point_capacity: ctr[CTR_POINT_CAP] as usize,
             dropped_voxel_capacity: ctr[CTR_VOXEL_CAP] as usize,
-        })
-    }
-
-    /// Copies the last hard result back (waits for the stream).
-    pub fn hard_to_host(&self, _ctx: &GpuContext) -> Result<(HardVoxels, Option<PillarFeatures>), GpuError> {
-        let mut hv = self.hard_voxels_host("hard_to_host")?;
-        let LastOp::Hard { pillar_channels, .. } = self.last else { unreachable!("checked by hard_voxels_host") };
+        };
         let (v, p, c) = (hv.voxel_count(), hv.max_points, hv.num_channels);
         let raw = self.last_params.flags & FLAG_RAW != 0 || self.last_params.flags & FLAG_PILLAR == 0;
         if raw {
