@@ -245,7 +245,7 @@ pub fn run<B: Backend>(
     };
     let (downsampled, downsampled_points) = if cfg.downsample.enabled {
         let (d, kept) = timed(t, "downsample", || {
-            backend.downsample_published(&cloud, view, &cfg.downsample.grid, fps_on_downsampled)
+            backend.downsample_published(&cloud, view, &source, &cfg.downsample.grid, fps_on_downsampled)
         })?;
         (Some(d), kept)
     } else {

@@ -1,7 +1,7 @@
 //! The CPU reference backend: the operators of `ops`, on host clouds.
 
 use super::{Backend, OpError};
-use crate::cloud::{Cloud, CloudView, Header};
+use crate::cloud::{Cloud, CloudView, Header, SourceIndex};
 use crate::ops::detect::{detect, DetectParams, Detections};
 use crate::ops::fps::{farthest_point_sample, FpsParams};
 use crate::ops::neighbors::{
@@ -82,12 +82,12 @@ impl Backend for CpuBackend {
         &mut self,
         points: &HostPoints,
         view: &CloudView<'_>,
+        source: &SourceIndex,
         grid: &VoxelGrid,
         keep: bool,
     ) -> Result<(PublishedDownsample, Option<HostPoints>), OpError> {
         let dv = voxelize_dynamic(&points.cloud, grid);
-        let source = view.source_indices(points.dropped_non_finite);
-        let message = downsampled_message(&view.msg.header, view, &source, &dv, points.cloud.names());
+        let message = downsampled_message(&view.msg.header, view, source, &dv, points.cloud.names());
         let kept = keep.then(|| HostPoints {
             cloud: Downsampled::from_dynamic(&dv, points.cloud.names()).cloud,
             dropped_non_finite: 0,

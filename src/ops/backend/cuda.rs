@@ -8,7 +8,7 @@
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
 
 use super::{Backend, OpError};
-use crate::cloud::{CloudView, Header};
+use crate::cloud::{CloudView, Header, SourceIndex};
 use crate::gpu::{
     select_backend, upload_and_gather, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext, GpuError,
     GrowBuffer, PooledSlice, ProfileChoice,
@@ -214,6 +214,7 @@ impl Backend for CudaBackend {
         &mut self,
         points: &DevicePoints,
         view: &CloudView<'_>,
+        _: &SourceIndex,
         grid: &VoxelGrid,
         keep: bool,
     ) -> Result<(PublishedDownsample, Option<DevicePoints>), OpError> {

@@ -25,7 +25,7 @@ use super::voxel::{
     PublishedHardVoxels, VoxelGrid,
 };
 use super::ParamError;
-use crate::cloud::{CloudView, Header};
+use crate::cloud::{CloudView, Header, SourceIndex};
 use crate::gpu::GpuError;
 
 /// An operator failure, the same type on every backend.
@@ -98,12 +98,14 @@ pub trait Backend {
     ) -> Result<DynamicVoxels, OpError>;
     /// The downsample stage as the pipeline publishes it: dynamic voxels of every channel of
     /// `points` (the gather of `view`), written as the `downsampled` message in `view`'s layout
-    /// ([`super::voxel::downsampled_message`]); with `keep`, also the downsampled cloud (the means'
+    /// ([`super::voxel::downsampled_message`]; `source` maps the points to `view`'s records, for a
+    /// backend that reads them on the host); with `keep`, also the downsampled cloud (the means'
     /// x, y, z) as this backend's points, for the stages that run on it.
     fn downsample_published(
         &mut self,
         points: &Self::Points,
         view: &CloudView<'_>,
+        source: &SourceIndex,
         grid: &VoxelGrid,
         keep: bool,
     ) -> Result<(PublishedDownsample, Option<Self::Points>), OpError>;
