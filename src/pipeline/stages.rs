@@ -201,8 +201,8 @@ fn start_sampling<B: Backend>(
 pub type Messages = Vec<(&'static str, CloudMessage)>;
 
 /// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and encodes its
-/// outputs (the `encode` stage, timed in parts). FPS and the neighbour search are started first;
-/// the voxel stages and their messages are done while the device samples,
+/// outputs (the `encode` stage, timed in parts). FPS and the neighbour search are started first,
+/// then the downsample; the voxel stages and their messages are done while the device samples,
 /// which is only waited for after them. The messages are built side by side on the current rayon
 /// pool, each from its own results, so the bytes do not depend on the threads.
 pub fn run<B: Backend>(
@@ -223,6 +223,12 @@ pub fn run<B: Backend>(
     let fps_on_downsampled = cfg.fps.enabled && cfg.fps.input == FpsInput::Downsampled;
     let mut pending =
         if cfg.fps.enabled && !fps_on_downsampled { Some(start_sampling(backend, &cloud, cfg, t)?) } else { None };
+    // The downsample is started before the voxel stage, which waits for its copies meanwhile.
+    let downsample = if cfg.downsample.enabled {
+        Some(timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid))?)
+    } else {
+        None
+    };
     let (voxels, voxel_messages) = if cfg.voxelize.enabled {
         let channels = Cloud::channel_indices(&names, &cfg.features).map_err(FrameError::MissingFeature)?;
         let (voxels, messages) = timed(t, "voxelize", || -> Result<_, FrameError> {
@@ -243,13 +249,14 @@ pub fn run<B: Backend>(
     } else {
         (None, (None, None))
     };
-    let (downsampled, downsampled_points) = if cfg.downsample.enabled {
-        let (d, kept) = timed(t, "downsample", || {
-            backend.downsample_published(&cloud, view, &source, &cfg.downsample.grid, fps_on_downsampled)
-        })?;
-        (Some(d), kept)
-    } else {
-        (None, None)
+    let (downsampled, downsampled_points) = match downsample {
+        Some(voxels) => {
+            let (d, kept) = timed(t, "downsample", || {
+                backend.downsample_published(&cloud, view, &source, voxels, fps_on_downsampled)
+            })?;
+            (Some(d), kept)
+        }
+        None => (None, None),
     };
     let fps_cloud = match (&downsampled_points, fps_on_downsampled) {
         (Some(d), true) => d,

@@ -629,9 +629,10 @@ pub fn check_downsampled(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<Chec
         for (grid_name, grid) in [("0.2 m grid", &default_grid), ("2 m grid", &coarse)] {
             let op = |e: crate::ops::backend::OpError| VerifyError::Frame(e.into());
             let host = CpuBackend.gather(&view).map_err(op)?;
-            let (want, want_kept) = CpuBackend
-                .downsample_published(&host, &view, &view.source_indices(host.dropped_non_finite), grid, true)
-                .map_err(op)?;
+            let voxels = CpuBackend.downsample(&host, grid).map_err(op)?;
+            let source = view.source_indices(host.dropped_non_finite);
+            let (want, want_kept) =
+                CpuBackend.downsample_published(&host, &view, &source, voxels, true).map_err(op)?;
             let want_xyz = want_kept.expect("kept").cloud;
             let mut vox = GpuVoxelizer::new(ctx)?;
             let mut run = || -> Result<_, VerifyError> {

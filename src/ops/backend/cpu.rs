@@ -34,6 +34,7 @@ impl Backend for CpuBackend {
     type Points = HostPoints;
     type Samples = Vec<i32>;
     type Neighbors = NeighborResult;
+    type Downsample = DynamicVoxels;
 
     fn describe(&self) -> String {
         "cpu".into()
@@ -78,15 +79,17 @@ impl Backend for CpuBackend {
     ) -> Result<DynamicVoxels, OpError> {
         Ok(voxelize_dynamic(&points.cloud.with_channels(channels), grid))
     }
+    fn downsample(&mut self, points: &HostPoints, grid: &VoxelGrid) -> Result<DynamicVoxels, OpError> {
+        Ok(voxelize_dynamic(&points.cloud, grid))
+    }
     fn downsample_published(
         &mut self,
         points: &HostPoints,
         view: &CloudView<'_>,
         source: &SourceIndex,
-        grid: &VoxelGrid,
+        dv: DynamicVoxels,
         keep: bool,
     ) -> Result<(PublishedDownsample, Option<HostPoints>), OpError> {
-        let dv = voxelize_dynamic(&points.cloud, grid);
         let message = downsampled_message(&view.msg.header, view, source, &dv, points.cloud.names());
         let kept = keep.then(|| HostPoints {
             cloud: Downsampled::from_dynamic(&dv, points.cloud.names()).cloud,

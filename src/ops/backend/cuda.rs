@@ -1,8 +1,8 @@
 //! The CUDA backend: the family launchers (`ops::*::cuda`) over one context, with every scratch
 //! buffer kept across frames. The gathered cloud stays on the device; FPS indices feed the query
 //! selection on the device; only what is published is copied back, the large outputs straight into
-//! page-locked message bytes (`gpu::output_pool`). Voxelization and the downsample run on a second
-//! stream, beside FPS and the neighbour search on the context's stream.
+//! page-locked message bytes (`gpu::output_pool`). Voxelization and the downsample run on streams
+//! of their own, beside FPS and the neighbour search on the context's stream.
 //!
 //! Parameters are checked with the CPU reference's own checks before anything is launched, so a
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
@@ -78,13 +78,14 @@ impl CudaBackend {
     }
 
     pub fn new(ctx: GpuContext) -> Result<Self, GpuError> {
-        // Voxelization and the downsample run on a stream of their own: the stage sequence starts
-        // FPS (the longest kernel, on a few SMs) first, and they run beside it.
-        // The neighbour grid (it needs the points only, not the samples) is built there too.
+        // Voxelization and the downsample run on streams of their own: the stage sequence starts
+        // FPS (the longest kernel, on a few SMs) first, and they run beside it, and the downsample
+        // beside the voxel stage's copies. The neighbour grid (it needs the points only, not the
+        // samples) is built on the voxel stream too.
         let side = ctx.ctx.new_stream()?;
         Ok(Self {
             voxelizer: GpuVoxelizer::on_stream(&ctx, side.clone())?,
-            downsampler: GpuVoxelizer::on_stream(&ctx, side.clone())?,
+            downsampler: GpuVoxelizer::on_stream(&ctx, ctx.ctx.new_stream()?)?,
             fps: FpsScratch::new(&ctx)?,
             neighbors: NeighborsScratch::with_grid_stream(&ctx, side)?,
             nms: DeviceNms::new(&ctx)?,
@@ -147,6 +148,8 @@ impl Backend for CudaBackend {
     /// The indices stay in the backend's FPS scratch until the next FPS.
     type Samples = ();
     type Neighbors = Search;
+    /// The dynamic voxels stay in the downsampler until they are published.
+    type Downsample = ();
 
     fn describe(&self) -> String {
         let c = &self.ctx;
@@ -210,19 +213,23 @@ impl Backend for CudaBackend {
         self.voxelizer.dynamic_device(&self.ctx, points.gathered(), channels, grid)?;
         Ok(self.voxelizer.dynamic_to_host(&self.ctx)?)
     }
-    fn downsample_published(
-        &mut self,
-        points: &DevicePoints,
-        view: &CloudView<'_>,
-        _: &SourceIndex,
-        grid: &VoxelGrid,
-        keep: bool,
-    ) -> Result<(PublishedDownsample, Option<DevicePoints>), OpError> {
+    fn downsample(&mut self, points: &DevicePoints, grid: &VoxelGrid) -> Result<(), OpError> {
         grid.validate()?;
         self.fault_point(FaultOp::Downsample)?;
         let cloud = points.gathered();
         let others: Vec<usize> = (3..cloud.num_channels()).collect();
         self.downsampler.dynamic_device(&self.ctx, cloud, &others, grid)?;
+        Ok(())
+    }
+    fn downsample_published(
+        &mut self,
+        points: &DevicePoints,
+        view: &CloudView<'_>,
+        _: &SourceIndex,
+        _: (),
+        keep: bool,
+    ) -> Result<(PublishedDownsample, Option<DevicePoints>), OpError> {
+        let cloud = points.gathered();
         let (published, xyz) = self.downsampler.downsampled_published(&self.ctx, cloud, view, keep)?;
         let kept = xyz.map(|data| DevicePoints::Xyz { data, len: published.points, names: cloud.names.clone() });
         Ok((published, kept))

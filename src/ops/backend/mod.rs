@@ -64,6 +64,8 @@ pub trait Backend {
     type Samples;
     /// A neighbour search's result as this backend holds it.
     type Neighbors;
+    /// The downsample stage's dynamic voxels as this backend holds them.
+    type Downsample;
 
     /// "cpu" or the device and profile.
     fn describe(&self) -> String;
@@ -96,8 +98,12 @@ pub trait Backend {
         channels: &[usize],
         grid: &VoxelGrid,
     ) -> Result<DynamicVoxels, OpError>;
-    /// The downsample stage as the pipeline publishes it: dynamic voxels of every channel of
-    /// `points` (the gather of `view`), written as the `downsampled` message in `view`'s layout
+    /// The downsample stage's dynamic voxels of every channel of `points`. On CUDA only enqueued,
+    /// on a stream of its own, until [`Self::downsample_published`]: the stage sequence starts it
+    /// before the voxel stage waits for its own copies.
+    fn downsample(&mut self, points: &Self::Points, grid: &VoxelGrid) -> Result<Self::Downsample, OpError>;
+    /// The downsample stage as the pipeline publishes it: `voxels` (of [`Self::downsample`] over
+    /// `points`, the gather of `view`) written as the `downsampled` message in `view`'s layout
     /// ([`super::voxel::downsampled_message`]; `source` maps the points to `view`'s records, for a
     /// backend that reads them on the host); with `keep`, also the downsampled cloud (the means'
     /// x, y, z) as this backend's points, for the stages that run on it.
@@ -106,7 +112,7 @@ pub trait Backend {
         points: &Self::Points,
         view: &CloudView<'_>,
         source: &SourceIndex,
-        grid: &VoxelGrid,
+        voxels: Self::Downsample,
         keep: bool,
     ) -> Result<(PublishedDownsample, Option<Self::Points>), OpError>;
     /// Hard voxels with their PointPillars features (`channels[0]` is the intensity channel).
