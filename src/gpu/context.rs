@@ -210,8 +210,8 @@ impl GpuContext {
         );
 
         let pools = &profile.pools;
-        let upload_ring = PinnedRing::new(ctx.clone(), pools.pinned_slots, pools.points * 48, true)?;
-        let readback_ring = PinnedRing::new(ctx.clone(), pools.pinned_slots, 0, false)?;
+        let upload_ring = PinnedRing::new(ctx.clone(), pools.pinned_slots, pools.points * 48)?;
+        let readback_ring = PinnedRing::new(ctx.clone(), pools.pinned_slots, 0)?;
         let gather_scratch = super::gather::GatherScratch::new(&stream, &profile)?;
         let cloud_pool = DevicePool::new(stream.clone(), pools.points * 8);
         // 48 bytes/point: the ouster-ros layout, the widest common one.
@@ -290,7 +290,6 @@ pub struct PinnedRing<T> {
     slots: Vec<PinnedSlot<T>>,
     next: usize,
     growths: u64,
-    write_combined: bool,
 }
 
 /// Bytes each task copies into a pinned upload slot.
@@ -299,15 +298,11 @@ const UPLOAD_COPY_CHUNK: usize = 64 << 10;
 const UPLOAD_DMA_PIECE: usize = 1 << 20;
 
 impl<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync> PinnedRing<T> {
-    /// `write_combined`: fast for buffers the CPU only writes (uploads); must be false for buffers
-    /// the CPU reads back (write-combined memory is uncached for CPU reads).
-    pub fn new(
-        ctx: Arc<CudaContext>,
-        slots: usize,
-        initial_len: usize,
-        write_combined: bool,
-    ) -> Result<Self, GpuError> {
-        let mut ring = Self { ctx: ctx.clone(), slots: Vec::new(), next: 0, growths: 0, write_combined };
+    /// Not write-combined, uploads included: on the H200 machine the upload of a 5.2 MB cloud
+    /// (parallel copy into the slot, then the DMA) took 0.35 ms from cached memory against 0.43 ms
+    /// from write-combined memory (BENCHMARKS.md, 2026-12-03).
+    pub fn new(ctx: Arc<CudaContext>, slots: usize, initial_len: usize) -> Result<Self, GpuError> {
+        let mut ring = Self { ctx: ctx.clone(), slots: Vec::new(), next: 0, growths: 0 };
         for _ in 0..slots.max(1) {
             let buf = if initial_len > 0 { Some(ring.alloc(initial_len)?) } else { None };
             ring.slots.push(PinnedSlot { buf, done: ctx.new_event(None)?, in_flight: false });
@@ -316,9 +311,8 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync> PinnedRing<T> {
     }
 
     fn alloc(&self, len: usize) -> Result<PinnedHostSlice<T>, GpuError> {
-        let flags = if self.write_combined { sys::CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
         // SAFETY: the memory is written before it is read (upload) or by the copy (read-back).
-        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<T>(len, flags) }?)
+        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<T>(len, 0) }?)
     }
 
     /// How many times a slot had to be (re)allocated because a frame did not fit.

@@ -5,10 +5,12 @@
 //! and each point's record index stay with the device cloud, for outputs that carry the input's
 //! own values (`downsampled`).
 
-use super::context::{GpuContext, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
+use super::buffer::DevBuf;
+use super::context::{GpuContext, PinnedRing, PooledSlice, StageTimer};
 use super::profile::KernelProfile;
 use super::GpuError;
 use crate::cloud::{Cloud, CloudView};
+use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
@@ -37,26 +39,26 @@ unsafe impl DeviceRepr for GatherParams {}
 // Same size as the CUDA struct (`static_assert` in cuda/common.cuh).
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 288);
 
-/// Per-context device scratch of the gather stage (grow-only).
+/// Per-context device scratch of the gather stage (grow-only). Raw buffers: they are used on the
+/// context's stream only, so they need none of cudarc's cross-stream event tracking (an event
+/// recorded and waited for per argument, tens of microseconds per frame).
 pub(crate) struct GatherScratch {
-    tile_status: GrowBuffer<u64>,
+    tile_status: DevBuf<u64>,
     /// [tile counter, surviving point count]
-    counters: GrowBuffer<u32>,
-    count_ring: PinnedRing<u32>,
+    counters: DevBuf<u32>,
 }
 
 impl GatherScratch {
     pub(crate) fn new(stream: &Arc<CudaStream>, profile: &KernelProfile) -> Result<Self, GpuError> {
-        let points = profile.pools.points;
-        Ok(Self {
-            tile_status: GrowBuffer::new(stream, points.div_ceil(profile.gather_tile()))?,
-            counters: GrowBuffer::new(stream, 2)?,
-            count_ring: PinnedRing::new(stream.context().clone(), 2, 1, false)?,
-        })
+        let pools = stream.context().attribute(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0;
+        let (mut tile_status, mut counters) = (DevBuf::new(stream, pools), DevBuf::new(stream, pools));
+        tile_status.ensure(profile.pools.points.div_ceil(profile.gather_tile()))?;
+        counters.ensure(2)?;
+        Ok(Self { tile_status, counters })
     }
 
     pub(crate) fn growths(&self) -> u64 {
-        self.tile_status.growths() + self.counters.growths() + self.count_ring.growths()
+        self.tile_status.growths() + self.counters.growths()
     }
 }
 
@@ -199,7 +201,7 @@ pub fn upload_and_gather_timed(
         t.start()?;
     }
     let mut scratch = ctx.gather_scratch.lock().unwrap();
-    let GatherScratch { tile_status, counters, count_ring } = &mut *scratch;
+    let GatherScratch { tile_status, counters } = &mut *scratch;
     let mut records = ctx.record_pool.take(used_bytes.max(1))?;
     let mut source = ctx.index_pool.take(n.max(1))?;
     ctx.upload_ring.lock().unwrap().upload(stream, &msg.data[..used_bytes], &mut records)?;
@@ -212,10 +214,11 @@ pub fn upload_and_gather_timed(
     } else {
         let tile = ctx.profile.gather_tile();
         let tiles = n.div_ceil(tile);
-        let status = tile_status.ensure(stream, tiles)?;
-        stream.memset_zeros(&mut status.slice_mut(..tiles))?;
-        let counters = counters.ensure(stream, 2)?;
-        stream.memset_zeros(&mut counters.slice_mut(..2))?;
+        let status = tile_status.ensure(tiles)?;
+        tile_status.zero_all()?;
+        let tile_counter = counters.ensure(2)?;
+        counters.zero_all()?;
+        let out_count = tile_counter + std::mem::size_of::<u32>() as u64;
         let func = ctx.function("gather", "gather_compact")?;
         let cfg = LaunchConfig {
             grid_dim: (tiles as u32, 1, 1),
@@ -223,24 +226,23 @@ pub fn upload_and_gather_timed(
             shared_mem_bytes: 0,
         };
         {
-            let (mut tile_counter, mut out_count) = counters.split_at_mut(1);
             let mut launch = stream.launch_builder(&func);
             launch.arg(&*records);
             launch.arg(&mut *out);
             launch.arg(&mut *source);
-            launch.arg(&mut *status);
-            launch.arg(&mut tile_counter);
-            launch.arg(&mut out_count);
+            launch.arg(&status);
+            launch.arg(&tile_counter);
+            launch.arg(&out_count);
             launch.arg(&params);
             // SAFETY: argument types and order match `gather_compact`; every buffer is large
             // enough: records >= used_bytes, out = c * capacity with capacity >= n, source >= n,
-            // status >= tiles.
+            // status >= tiles, counters 2 words.
             unsafe { launch.launch(cfg) }?;
         }
         if let Some(t) = timer.as_deref_mut() {
             t.stage("gather")?;
         }
-        count_ring.download(stream, counters, 1, 1, |v| v[0] as usize)?
+        counters.to_host(2)?[1] as usize
     };
     if n == 0 {
         if let Some(t) = timer {

@@ -225,7 +225,7 @@ pub fn run<B: Backend>(
         if cfg.fps.enabled && !fps_on_downsampled { Some(start_sampling(backend, &cloud, cfg, t)?) } else { None };
     // The downsample is started before the voxel stage, which waits for its copies meanwhile.
     let downsample = if cfg.downsample.enabled {
-        Some(timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid))?)
+        Some(timed(t, "downsample", || backend.downsample(&cloud, &cfg.downsample.grid, fps_on_downsampled))?)
     } else {
         None
     };
@@ -251,9 +251,7 @@ pub fn run<B: Backend>(
     };
     let (downsampled, downsampled_points) = match downsample {
         Some(voxels) => {
-            let (d, kept) = timed(t, "downsample", || {
-                backend.downsample_published(&cloud, view, &source, voxels, fps_on_downsampled)
-            })?;
+            let (d, kept) = timed(t, "downsample", || backend.downsample_published(&cloud, view, &source, voxels))?;
             (Some(d), kept)
         }
         None => (None, None),

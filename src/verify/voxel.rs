@@ -625,19 +625,17 @@ pub fn check_downsampled(ctx: &GpuContext, ouster_dir: &Path) -> Result<Vec<Chec
     for (case, msg) in &messages {
         let view = CloudView::new(msg.clone())?;
         let dev = crate::gpu::upload_and_gather(ctx, &view)?;
-        let others: Vec<usize> = (3..dev.num_channels()).collect();
         for (grid_name, grid) in [("0.2 m grid", &default_grid), ("2 m grid", &coarse)] {
             let op = |e: crate::ops::backend::OpError| VerifyError::Frame(e.into());
             let host = CpuBackend.gather(&view).map_err(op)?;
-            let voxels = CpuBackend.downsample(&host, grid).map_err(op)?;
+            let voxels = CpuBackend.downsample(&host, grid, true).map_err(op)?;
             let source = view.source_indices(host.dropped_non_finite);
-            let (want, want_kept) =
-                CpuBackend.downsample_published(&host, &view, &source, voxels, true).map_err(op)?;
+            let (want, want_kept) = CpuBackend.downsample_published(&host, &view, &source, voxels).map_err(op)?;
             let want_xyz = want_kept.expect("kept").cloud;
             let mut vox = GpuVoxelizer::new(ctx)?;
             let mut run = || -> Result<_, VerifyError> {
-                vox.dynamic_device(ctx, &dev, &others, grid)?;
-                let (got, xyz) = vox.downsampled_published(ctx, &dev, &view, true)?;
+                let xyz = vox.downsample_device(ctx, &dev, grid, true)?;
+                let got = vox.downsampled_published(ctx, &view)?;
                 let xyz =
                     ctx.stream.clone_dtoh(&xyz.expect("kept").slice(0..3 * got.points)).map_err(GpuError::from)?;
                 Ok((got, xyz))

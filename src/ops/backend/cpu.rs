@@ -34,7 +34,8 @@ impl Backend for CpuBackend {
     type Points = HostPoints;
     type Samples = Vec<i32>;
     type Neighbors = NeighborResult;
-    type Downsample = DynamicVoxels;
+    /// The dynamic voxels, and whether the downsampled cloud is kept.
+    type Downsample = (DynamicVoxels, bool);
 
     fn describe(&self) -> String {
         "cpu".into()
@@ -79,16 +80,20 @@ impl Backend for CpuBackend {
     ) -> Result<DynamicVoxels, OpError> {
         Ok(voxelize_dynamic(&points.cloud.with_channels(channels), grid))
     }
-    fn downsample(&mut self, points: &HostPoints, grid: &VoxelGrid) -> Result<DynamicVoxels, OpError> {
-        Ok(voxelize_dynamic(&points.cloud, grid))
+    fn downsample(
+        &mut self,
+        points: &HostPoints,
+        grid: &VoxelGrid,
+        keep: bool,
+    ) -> Result<(DynamicVoxels, bool), OpError> {
+        Ok((voxelize_dynamic(&points.cloud, grid), keep))
     }
     fn downsample_published(
         &mut self,
         points: &HostPoints,
         view: &CloudView<'_>,
         source: &SourceIndex,
-        dv: DynamicVoxels,
-        keep: bool,
+        (dv, keep): (DynamicVoxels, bool),
     ) -> Result<(PublishedDownsample, Option<HostPoints>), OpError> {
         let message = downsampled_message(&view.msg.header, view, source, &dv, points.cloud.names());
         let kept = keep.then(|| HostPoints {

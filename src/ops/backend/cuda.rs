@@ -148,8 +148,9 @@ impl Backend for CudaBackend {
     /// The indices stay in the backend's FPS scratch until the next FPS.
     type Samples = ();
     type Neighbors = Search;
-    /// The dynamic voxels stay in the downsampler until they are published.
-    type Downsample = ();
+    /// The dynamic voxels stay in the downsampler until they are published; with `keep`, the
+    /// downsampled cloud's x, y, z columns.
+    type Downsample = Option<PooledSlice<f32>>;
 
     fn describe(&self) -> String {
         let c = &self.ctx;
@@ -213,25 +214,26 @@ impl Backend for CudaBackend {
         self.voxelizer.dynamic_device(&self.ctx, points.gathered(), channels, grid)?;
         Ok(self.voxelizer.dynamic_to_host(&self.ctx)?)
     }
-    fn downsample(&mut self, points: &DevicePoints, grid: &VoxelGrid) -> Result<(), OpError> {
+    fn downsample(
+        &mut self,
+        points: &DevicePoints,
+        grid: &VoxelGrid,
+        keep: bool,
+    ) -> Result<Option<PooledSlice<f32>>, OpError> {
         grid.validate()?;
         self.fault_point(FaultOp::Downsample)?;
-        let cloud = points.gathered();
-        let others: Vec<usize> = (3..cloud.num_channels()).collect();
-        self.downsampler.dynamic_device(&self.ctx, cloud, &others, grid)?;
-        Ok(())
+        Ok(self.downsampler.downsample_device(&self.ctx, points.gathered(), grid, keep)?)
     }
     fn downsample_published(
         &mut self,
         points: &DevicePoints,
         view: &CloudView<'_>,
         _: &SourceIndex,
-        _: (),
-        keep: bool,
+        xyz: Option<PooledSlice<f32>>,
     ) -> Result<(PublishedDownsample, Option<DevicePoints>), OpError> {
-        let cloud = points.gathered();
-        let (published, xyz) = self.downsampler.downsampled_published(&self.ctx, cloud, view, keep)?;
-        let kept = xyz.map(|data| DevicePoints::Xyz { data, len: published.points, names: cloud.names.clone() });
+        let published = self.downsampler.downsampled_published(&self.ctx, view)?;
+        let names = points.gathered().names.clone();
+        let kept = xyz.map(|data| DevicePoints::Xyz { data, len: published.points, names });
         Ok((published, kept))
     }
     fn pillar_features(

@@ -98,22 +98,22 @@ pub trait Backend {
         channels: &[usize],
         grid: &VoxelGrid,
     ) -> Result<DynamicVoxels, OpError>;
-    /// The downsample stage's dynamic voxels of every channel of `points`. On CUDA only enqueued,
-    /// on a stream of its own, until [`Self::downsample_published`]: the stage sequence starts it
-    /// before the voxel stage waits for its own copies.
-    fn downsample(&mut self, points: &Self::Points, grid: &VoxelGrid) -> Result<Self::Downsample, OpError>;
+    /// The downsample stage's dynamic voxels of every channel of `points`; `keep`: the stages
+    /// after it run on the downsampled cloud. On CUDA only enqueued, on a stream of its own, until
+    /// [`Self::downsample_published`]: the stage sequence starts it before the voxel stage waits
+    /// for its own copies.
+    fn downsample(&mut self, points: &Self::Points, grid: &VoxelGrid, keep: bool) -> Result<Self::Downsample, OpError>;
     /// The downsample stage as the pipeline publishes it: `voxels` (of [`Self::downsample`] over
     /// `points`, the gather of `view`) written as the `downsampled` message in `view`'s layout
     /// ([`super::voxel::downsampled_message`]; `source` maps the points to `view`'s records, for a
     /// backend that reads them on the host); with `keep`, also the downsampled cloud (the means'
-    /// x, y, z) as this backend's points, for the stages that run on it.
+    /// x, y, z) as this backend's points.
     fn downsample_published(
         &mut self,
         points: &Self::Points,
         view: &CloudView<'_>,
         source: &SourceIndex,
         voxels: Self::Downsample,
-        keep: bool,
     ) -> Result<(PublishedDownsample, Option<Self::Points>), OpError>;
     /// Hard voxels with their PointPillars features (`channels[0]` is the intensity channel).
     fn pillar_features(

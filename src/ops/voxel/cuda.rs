@@ -180,8 +180,20 @@ pub(crate) fn make_params(
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LastOp {
     None,
-    Hard { max_points: usize, num_channels: usize, pillar_channels: usize, max_voxels: u32 },
-    Dynamic { points: usize, num_channels: usize },
+    Hard {
+        max_points: usize,
+        num_channels: usize,
+        pillar_channels: usize,
+        max_voxels: u32,
+    },
+    Dynamic {
+        points: usize,
+        num_channels: usize,
+    },
+    /// [`GpuVoxelizer::downsample_device`]: dynamic voxels of every channel, with the records.
+    Downsample {
+        num_channels: usize,
+    },
 }
 
 /// The voxel kernels with their grow-only device scratch and output buffers (one per stream user).
@@ -258,7 +270,7 @@ impl GpuVoxelizer {
         Self::on_stream(ctx, ctx.stream.clone())
     }
 
-    /// A voxelizer whose kernels and copies run on `stream` (the CUDA backend's side stream, so
+    /// A voxelizer whose kernels and copies run on `stream` (one of the CUDA backend's side streams, so
     /// that they overlap FPS on the main one); it reads its input cloud after the cloud's writes
     /// on any stream (cudarc orders them by the cloud's events).
     pub fn on_stream(ctx: &GpuContext, stream: Arc<CudaStream>) -> Result<Self, GpuError> {
@@ -700,7 +712,8 @@ impl GpuVoxelizer {
     /// The last hard result (raw features written) as the pipeline publishes it: the centroids
     /// (`vox_centroids`) and the `voxels` records (`vox_voxels_records`) written on the device,
     /// the [V, P, C] features (converted to fp16 on the device when `layout` says so), both copied
-    /// once, straight into the messages' page-locked bytes. Waits for the counters, then once for
+    /// once, straight into the messages' page-locked bytes. The two kernels are enqueued before
+    /// the wait for the counters (they read the voxel count on the device), then one wait for
     /// both copies.
     pub fn hard_published(
         &mut self,
@@ -713,30 +726,36 @@ impl GpuVoxelizer {
         if self.last_params.flags & FLAG_RAW == 0 {
             return Err(GpuError::NoResult { op: "hard_published", result: "raw hard-voxel features" });
         }
-        let ctr = self.counters_host()?;
-        let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
-        let counts = self.hard_counts(&ctr);
         let names = &layout.names[..c.min(layout.names.len())];
         let (fields, step, intensity) = voxels_fields(names, c);
-        let mut voxels =
-            CloudMessage::in_bytes(layout.header, 1, v, &fields, step, false, |len| ctx.output_pool.take(len));
-        let mut features = layout.message(&counts, (c, p), |len| ctx.output_pool.take(len));
-        if v > 0 {
-            let s = &self.stream.clone();
-            let out = self.centroids.ensure(v * c)?;
-            let records = self.voxel_records.ensure(v * step as usize / 4)?;
-            let (feats, np, coords, ctr_ptr, vp) =
-                (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr(), self.last_params);
+        let s = &self.stream.clone();
+        let vp = self.last_params;
+        // Room for every voxel the kernels may keep: min(max_voxels, distinct keys) <= key_max.
+        let vmax = (vp.key_max as usize).min(max_voxels as usize);
+        let (out, records) =
+            (self.centroids.ensure((vmax * c).max(1))?, self.voxel_records.ensure((vmax * step as usize / 4).max(1))?);
+        let (feats, np, coords, ctr_ptr) =
+            (self.features.ptr(), self.num_points.ptr(), self.coords.ptr(), self.counters.ptr());
+        if vp.n > 0 {
             let mut l = s.launch_builder(&self.f_centroids);
             l.arg(&feats).arg(&np).arg(&ctr_ptr).arg(&out).arg(&vp);
-            // SAFETY: matches vox_centroids; features hold [V, P, C], out V * C floats.
-            unsafe { l.launch(cfg(Self::fill_blocks(ctx, v * c), ctx.profile.block_size.voxel)) }?;
+            // SAFETY: matches vox_centroids; features hold [V, P, C], out room for V * C floats.
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, vmax * c), ctx.profile.block_size.voxel)) }?;
             let intensity = intensity.map_or(-1, |k| k as i32);
             let mut l = s.launch_builder(&self.f_voxel_records);
             l.arg(&out).arg(&np).arg(&coords).arg(&ctr_ptr).arg(&records).arg(&intensity).arg(&vp);
             // SAFETY: matches vox_voxels_records; centroids [V, C], num_points [V], coords [V, 3],
-            // records V * step / 4 words (7 or 8 per voxel: `step` of `voxels_fields`).
-            unsafe { l.launch(cfg(Self::fill_blocks(ctx, v), ctx.profile.block_size.voxel)) }?;
+            // records room for V * step / 4 words (7 or 8 per voxel: `step` of `voxels_fields`).
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, vmax), ctx.profile.block_size.voxel)) }?;
+        }
+        let ctr = self.counters_host()?;
+        let v = (ctr[CTR_VOXELS]).min(max_voxels) as usize;
+        debug_assert!(v <= vmax);
+        let counts = self.hard_counts(&ctr);
+        let mut voxels =
+            CloudMessage::in_bytes(layout.header, 1, v, &fields, step, false, |len| ctx.output_pool.take(len));
+        let mut features = layout.message(&counts, (c, p), |len| ctx.output_pool.take(len));
+        if v > 0 {
             let n = v * p * c;
             let src = match layout.dtype {
                 FeaturesDtype::Float32 => feats,
@@ -817,61 +836,79 @@ impl GpuVoxelizer {
         Ok(self.half.to_host(n)?.into_iter().map(half::f16::from_bits).collect())
     }
 
-    /// The last dynamic result, over every channel of `cloud` ([`Self::dynamic_device`]), as the
-    /// pipeline publishes it: the `downsampled` message in `view`'s layout
-    /// ([`super::downsampled_message`]), its records written on the device (`vox_ds_records`, from
-    /// the means and the cloud's uploaded records) and copied once into page-locked message bytes;
-    /// with `keep`, also the downsampled cloud's x, y, z as device columns (stride = its points).
-    /// Waits for the stream once the voxel count is known and once at the end.
-    pub fn downsampled_published(
+    /// The downsample stage on the device: dynamic voxels of every channel of `cloud`
+    /// ([`Self::dynamic_device`]), then the `downsampled` message's records (`vox_ds_records`, from
+    /// the means and the cloud's uploaded records) and, with `keep`, the downsampled cloud's x, y,
+    /// z as device columns of stride V (`vox_means_xyz`), returned. Only enqueued: both kernels
+    /// read the voxel count on the device, so nothing waits until [`Self::downsampled_published`].
+    pub fn downsample_device(
         &mut self,
         ctx: &GpuContext,
         cloud: &DeviceCloud,
-        view: &CloudView<'_>,
+        grid: &VoxelGrid,
         keep: bool,
-    ) -> Result<(PublishedDownsample, Option<PooledSlice<f32>>), GpuError> {
-        let LastOp::Dynamic { num_channels, .. } = self.last else {
-            return Err(GpuError::NoResult { op: "downsampled_published", result: "dynamic voxels" });
+    ) -> Result<Option<PooledSlice<f32>>, GpuError> {
+        let all: Vec<usize> = (3..cloud.num_channels()).collect();
+        self.dynamic_device(ctx, cloud, &all, grid)?;
+        let p = self.last_params;
+        // Room for every voxel the kernels may write: the distinct keys <= key_max.
+        let vmax = p.key_max as usize;
+        let mut xyz = keep.then(|| ctx.cloud_pool.take(3 * vmax.max(1))).transpose()?;
+        if cloud.len == 0 {
+            self.last = LastOp::Downsample { num_channels: p.num_ch as usize };
+            return Ok(xyz);
+        }
+        let s = &self.stream.clone();
+        let out = self.ds_records.ensure(vmax * cloud.layout.point_step as usize)?;
+        let (records, _r) = cloud.records.device_ptr(s);
+        let (source, _s) = cloud.source.device_ptr(s);
+        let (vals, seg, ctr_ptr, means) =
+            (self.vals[self.sorted_slot].ptr(), self.seg_start.ptr(), self.counters.ptr(), self.features.ptr());
+        let lay = cloud.layout;
+        let mut l = s.launch_builder(&self.f_ds_records);
+        l.arg(&records).arg(&source).arg(&vals).arg(&seg).arg(&ctr_ptr).arg(&means).arg(&out).arg(&lay).arg(&p);
+        // SAFETY: matches vox_ds_records; `records` holds the cloud's message records and
+        // `source` a record index for each of its points; vals / seg_start / means hold the
+        // dynamic result of this cloud over all of its channels; out has room for V records.
+        unsafe { l.launch(cfg(Self::fill_blocks(ctx, vmax), ctx.profile.block_size.voxel)) }?;
+        if let Some(xyz) = xyz.as_mut() {
+            let (dst, _x) = xyz.device_ptr_mut(s);
+            let mut l = s.launch_builder(&self.f_means_xyz);
+            l.arg(&means).arg(&ctr_ptr).arg(&dst).arg(&p);
+            // SAFETY: matches vox_means_xyz; dst has room for 3 * V floats, means [V, C].
+            unsafe { l.launch(cfg(Self::fill_blocks(ctx, 3 * vmax), ctx.profile.block_size.voxel)) }?;
+        }
+        self.last = LastOp::Downsample { num_channels: p.num_ch as usize };
+        Ok(xyz)
+    }
+
+    /// The last [`Self::downsample_device`] as the pipeline publishes it: the `downsampled`
+    /// message in `view`'s layout ([`super::downsampled_message`]), its records copied once into
+    /// page-locked message bytes. Waits for the voxel count, then for the copy.
+    pub fn downsampled_published(
+        &mut self,
+        ctx: &GpuContext,
+        view: &CloudView<'_>,
+    ) -> Result<PublishedDownsample, GpuError> {
+        let LastOp::Downsample { num_channels } = self.last else {
+            return Err(GpuError::NoResult { op: "downsampled_published", result: "downsample_device" });
         };
-        if num_channels != cloud.num_channels() || cloud.layout.num_channels as usize != num_channels {
+        if num_channels != view.layout.channels().len() {
             return Err(GpuError::NoResult { op: "downsampled_published", result: "dynamic voxels of every channel" });
         }
         let ctr = self.counters_host()?;
         let v = ctr[CTR_VOXELS] as usize;
         let mut message = downsampled_message_in(&view.msg.header, view, v, |len| ctx.output_pool.take(len));
-        let mut xyz = keep.then(|| ctx.cloud_pool.take(3 * v.max(1))).transpose()?;
         if v > 0 {
-            let s = &self.stream.clone();
-            let step = cloud.layout.point_step as usize;
-            let out = self.ds_records.ensure(v * step)?;
-            let (records, _r) = cloud.records.device_ptr(s);
-            let (source, _s) = cloud.source.device_ptr(s);
-            let (vals, seg, ctr_ptr, means) =
-                (self.vals[self.sorted_slot].ptr(), self.seg_start.ptr(), self.counters.ptr(), self.features.ptr());
-            let (lay, p) = (cloud.layout, self.last_params);
-            let mut l = s.launch_builder(&self.f_ds_records);
-            l.arg(&records).arg(&source).arg(&vals).arg(&seg).arg(&ctr_ptr).arg(&means).arg(&out).arg(&lay).arg(&p);
-            // SAFETY: matches vox_ds_records; `records` holds the cloud's message records and
-            // `source` a record index for each of its points; vals / seg_start / means hold the
-            // last dynamic result of this cloud over all of its channels; out has v records.
-            unsafe { l.launch(cfg(Self::fill_blocks(ctx, v), ctx.profile.block_size.voxel)) }?;
-            if let Some(xyz) = xyz.as_mut() {
-                let (dst, _x) = xyz.device_ptr_mut(s);
-                let mut l = s.launch_builder(&self.f_means_xyz);
-                l.arg(&means).arg(&ctr_ptr).arg(&dst).arg(&p);
-                // SAFETY: matches vox_means_xyz; dst holds 3 * v floats, means [v, C].
-                unsafe { l.launch(cfg(Self::fill_blocks(ctx, 3 * v), ctx.profile.block_size.voxel)) }?;
-            }
+            let s = &self.stream;
             let bytes = message.data_mut();
-            debug_assert_eq!(bytes.len(), v * step);
-            // SAFETY: `out` holds the v records the message's bytes take; the bytes are not
-            // touched (nor their buffer reused) before the synchronisation below.
-            unsafe { drv::memcpy_dtoh_async(bytes, out, s.cu_stream()) }?;
+            debug_assert_eq!(bytes.len(), v * view.layout.point_step as usize);
+            // SAFETY: `ds_records` holds the v records the message's bytes take; the bytes are
+            // not touched (nor their buffer reused) before the synchronisation below.
+            unsafe { drv::memcpy_dtoh_async(bytes, self.ds_records.ptr(), s.cu_stream()) }?;
             s.synchronize()?;
         }
-        let published =
-            PublishedDownsample { points: v, dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize, message };
-        Ok((published, xyz))
+        Ok(PublishedDownsample { points: v, dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize, message })
     }
 
     /// Copies the last dynamic result back (waits for the stream).
