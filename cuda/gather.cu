@@ -155,3 +155,25 @@ extern "C" __global__ void select_xyz(const float* __restrict__ cols, unsigned l
     out[m + q] = cols[stride + i];
     out[2ull * m + q] = cols[2ull * stride + i];
 }
+
+// The `samples` message's records: record source[idx[k]] of a message held on the device (the
+// uploaded input; without `source`, idx[k] itself: the `downsampled` records), copied byte for
+// byte, so the pass-through output keeps every field's datatype and value and the host never
+// reads the input at random (a cache and TLB miss per sample, on the frame's critical path).
+// One thread per output byte: the writes are coalesced whatever the point step.
+extern "C" __global__ void select_records(const unsigned char* __restrict__ records,
+                                          const unsigned int* __restrict__ source,
+                                          const int* __restrict__ idx, unsigned int m,
+                                          unsigned int point_step, unsigned int width,
+                                          unsigned int row_step, unsigned char* __restrict__ out) {
+    const unsigned long long total = (unsigned long long)m * point_step;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned int k = (unsigned int)(t / point_step);
+        const unsigned int b = (unsigned int)(t - (unsigned long long)k * point_step);
+        const unsigned int i = source ? source[idx[k]] : (unsigned int)idx[k];
+        const unsigned int row = i / width;
+        const unsigned int col = i - row * width;
+        out[t] = records[(unsigned long long)row * row_step + (unsigned long long)col * point_step + b];
+    }
+}

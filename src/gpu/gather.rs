@@ -24,8 +24,8 @@ pub const MAX_CHANNELS: usize = 32;
 pub(crate) struct GatherParams {
     pub(crate) num_channels: u32,
     pub(crate) point_step: u32,
-    row_step: u32,
-    width: u32,
+    pub(crate) row_step: u32,
+    pub(crate) width: u32,
     n: u32,
     capacity: u32,
     big_endian: u32,

@@ -272,9 +272,20 @@ pub fn run<B: Backend>(
     messages.extend(voxels_message.map(|m| (VOXELS_TOPIC, m)));
     messages.extend(voxel_features.map(|m| (VOXEL_FEATURES_TOPIC, m)));
 
+    // The cloud FPS ran on as a message, and how its points map to that message's records.
+    let downsampled_view = downsampled_message.as_ref().map(CloudMessage::view);
+    let identity = SourceIndex::Identity;
+    let (searched, searched_source) = match (fps_on_downsampled, &downsampled_view) {
+        (true, Some(d)) => (d, &identity),
+        _ => (view, &source),
+    };
+    let mut samples_message = None;
     let (samples, neighborhoods) = match pending {
         Some(Sampling { samples: on_backend, queries, search }) => {
-            let indices = timed(t, "fps", || backend.fps_indices(&on_backend))?;
+            let (indices, message) = timed(t, "fps", || {
+                backend.samples_published(fps_cloud, &on_backend, queries, searched, searched_source, h)
+            })?;
+            samples_message = Some(message);
             debug_assert_eq!(without_padding(&indices).len(), queries, "FPS of min(K, N) pads only an empty cloud");
             let neighborhoods = match search {
                 Some(search) => {
@@ -294,29 +305,11 @@ pub fn run<B: Backend>(
         None
     };
 
+    drop(downsampled_view);
     timed(t, "encode", || -> Result<(), FrameError> {
-        let valid_samples = samples.as_deref().map(without_padding);
-        // The cloud FPS ran on, and how its point indices map to records of that cloud's message.
-        let downsampled_view = downsampled_message.as_ref().map(CloudMessage::view);
-        let identity = SourceIndex::Identity;
-        let (searched, searched_source) = match (cfg.fps.input, &downsampled_view) {
-            (FpsInput::Downsampled, Some(d)) => (d, &identity),
-            _ => (view, &source),
-        };
-        let (samples_message, detect_messages) = rayon::join(
-            || {
-                valid_samples.map(|s| {
-                    let picks: Vec<usize> = s.iter().map(|&i| searched_source.get(i as usize)).collect();
-                    crate::cloud::select_records(h, searched, &picks)
-                })
-            },
-            || {
-                detections.as_ref().map(|d| {
-                    rayon::join(|| outputs::detections_message(h, d), || outputs::clusters_message(h, view, &source, d))
-                })
-            },
-        );
-        drop(downsampled_view);
+        let detect_messages = detections.as_ref().map(|d| {
+            rayon::join(|| outputs::detections_message(h, d), || outputs::clusters_message(h, view, &source, d))
+        });
         messages.extend(downsampled_message.map(|m| (DOWNSAMPLED_TOPIC, m)));
         messages.extend(samples_message.map(|m| (SAMPLES_TOPIC, m)));
         if let Some((d, c)) = detect_messages {

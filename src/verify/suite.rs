@@ -64,46 +64,85 @@ const PROFILE_CHECK_CONFIGS: [(&str, &str); 2] = [
     ),
 ];
 
+/// Every published message of `cdr` through `config` on the CUDA backend of `options`, twice,
+/// against the CPU backend's, byte for byte, with no GPU fault (a faulted frame runs on the CPU,
+/// so its outputs would match while the device path failed).
+fn pipeline_row(
+    case: String,
+    config: &PipelineConfig,
+    cdr: &[u8],
+    points: usize,
+    options: &GpuOptions,
+) -> Result<CheckRow, VerifyError> {
+    let published = |p: &mut Pipeline| -> Result<Vec<(&'static str, Vec<u8>)>, VerifyError> {
+        let out = p.process_cdr(cdr)?;
+        Ok(out.messages().iter().map(|(t, m)| (*t, m.cdr().to_vec())).collect())
+    };
+    let want = published(&mut Pipeline::new(config.clone()))?;
+    let engine = Engine::cuda(CudaBackend::new(GpuContext::new(options.clone())?)?, options.profile.clone());
+    let mut gpu = Pipeline::with_engine(config.clone(), engine);
+    let first = published(&mut gpu)?;
+    let second = published(&mut gpu)?;
+    let faults = gpu.stats.gpu.faults;
+    let differing: Vec<&str> = want.iter().zip(&first).filter(|(w, g)| w != g).map(|(w, _)| w.0).collect();
+    let same = faults == 0 && first.len() == want.len() && differing.is_empty();
+    Ok(CheckRow {
+        operator: "pipeline".into(),
+        case,
+        points,
+        integers_identical: same,
+        max_rel_err: 0.0,
+        float_tolerance: 0.0,
+        deterministic: first == second,
+        detail: format!(
+            "{} messages, {} GPU faults{}",
+            first.len(),
+            faults,
+            if differing.is_empty() { String::new() } else { format!(", differ from the CPU: {differing:?}") }
+        ),
+    })
+}
+
 /// The pipeline on the CUDA backend with each built-in target profile (each compiles the kernels
-/// with its own block sizes and tiles), against the CPU backend on one scan: every published
-/// message byte for byte, and no GPU fault (a faulted frame runs on the CPU, so its outputs would
-/// match while the device path failed).
+/// with its own block sizes and tiles), against the CPU backend on one scan ([`pipeline_row`]).
 fn check_profiles(ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
     let path = ouster_dir.join(SCANS[0]);
     let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
     let cdr = ouster_cloud_message(&scan, Header::default()).to_cdr();
-    let published = |p: &mut Pipeline| -> Result<Vec<(&'static str, Vec<u8>)>, VerifyError> {
-        let out = p.process_cdr(&cdr)?;
-        Ok(out.messages().iter().map(|(t, m)| (*t, m.cdr().to_vec())).collect())
-    };
     let mut rows = Vec::new();
     for (label, yaml) in PROFILE_CHECK_CONFIGS {
         let config = PipelineConfig::from_yaml(yaml, label).expect("the check configurations are valid");
-        let want = published(&mut Pipeline::new(config.clone()))?;
         for (name, _) in BUILTIN_PROFILES {
             let options = GpuOptions { profile: name.parse().expect("infallible"), ..GpuOptions::default() };
-            let engine = Engine::cuda(CudaBackend::new(GpuContext::new(options.clone())?)?, options.profile);
-            let mut gpu = Pipeline::with_engine(config.clone(), engine);
-            let first = published(&mut gpu)?;
-            let second = published(&mut gpu)?;
-            let faults = gpu.stats.gpu.faults;
-            let differing: Vec<&str> = want.iter().zip(&first).filter(|(w, g)| w != g).map(|(w, _)| w.0).collect();
-            let same = faults == 0 && first.len() == want.len() && differing.is_empty();
-            rows.push(CheckRow {
-                operator: "pipeline".into(),
-                case: format!("{label}, profile {name}, {}", SCANS[0]),
-                points: scan.len(),
-                integers_identical: same,
-                max_rel_err: 0.0,
-                float_tolerance: 0.0,
-                deterministic: first == second,
-                detail: format!(
-                    "{} messages, {} GPU faults{}",
-                    first.len(),
-                    faults,
-                    if differing.is_empty() { String::new() } else { format!(", differ from the CPU: {differing:?}") }
-                ),
-            });
+            let case = format!("{label}, profile {name}, {}", SCANS[0]);
+            rows.push(pipeline_row(case, &config, &cdr, scan.len(), &options)?);
+        }
+    }
+    Ok(rows)
+}
+
+/// The pass-through outputs (`samples`, `downsampled`) of layouts unlike the driver's: the
+/// organized big-endian padded layout with every datatype (rows with padding, FLOAT64 and UINT32
+/// fields) and 10 copies with NaN/inf points (records found through the gather's record index),
+/// with FPS on the cloud and on the downsampled cloud ([`pipeline_row`]).
+fn check_pass_through(ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
+    let path = ouster_dir.join(SCANS[0]);
+    let scan = load_ouster_bin(&path).map_err(|e| VerifyError::workload(&path, e))?;
+    let messages = [
+        ("organized big-endian every datatype", exotic_message(&scan, 127)),
+        ("10 copies with NaN/inf (xyzi)", big_message(&scan, 10)),
+    ];
+    let configs = [
+        ("fps on the cloud", "voxelize: {enabled: false}\nneighbors: {enabled: false}"),
+        ("fps on the downsampled cloud", "voxelize: {enabled: false}\nfps: {input: downsampled}"),
+    ];
+    let mut rows = Vec::new();
+    for (case, msg) in &messages {
+        let cdr = msg.to_cdr();
+        for (label, yaml) in configs {
+            let config = PipelineConfig::from_yaml(yaml, label).expect("the check configurations are valid");
+            let case = format!("samples and downsampled, {label}, {case}");
+            rows.push(pipeline_row(case, &config, &cdr, msg.num_points() as usize, &GpuOptions::default())?);
         }
     }
     Ok(rows)
@@ -146,6 +185,7 @@ pub fn check_all(
     rows.extend(nms::check(ctx, seed, eval_dir)?);
     rows.extend(detect::check(ctx, seed, ouster_dir, eval_dir)?);
     rows.extend(check_profiles(ouster_dir)?);
+    rows.extend(check_pass_through(ouster_dir)?);
     Ok(CheckTable(rows))
 }
 

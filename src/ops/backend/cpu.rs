@@ -1,7 +1,7 @@
 //! The CPU reference backend: the operators of `ops`, on host clouds.
 
 use super::{Backend, OpError};
-use crate::cloud::{Cloud, CloudView, Header, SourceIndex};
+use crate::cloud::{select_records, Cloud, CloudMessage, CloudView, Header, SourceIndex};
 use crate::ops::detect::{detect, DetectParams, Detections};
 use crate::ops::fps::{farthest_point_sample, FpsParams};
 use crate::ops::neighbors::{
@@ -120,8 +120,17 @@ impl Backend for CpuBackend {
     fn fps(&mut self, points: &HostPoints, params: &FpsParams) -> Result<Vec<i32>, OpError> {
         Ok(farthest_point_sample(&points.cloud, params)?.indices)
     }
-    fn fps_indices(&mut self, samples: &Vec<i32>) -> Result<Vec<i32>, OpError> {
-        Ok(samples.clone())
+    fn samples_published(
+        &mut self,
+        _: &HostPoints,
+        samples: &Vec<i32>,
+        queries: usize,
+        view: &CloudView<'_>,
+        source: &SourceIndex,
+        header: &Header,
+    ) -> Result<(Vec<i32>, CloudMessage), OpError> {
+        let picks: Vec<usize> = samples[..queries].iter().map(|&i| source.get(i as usize)).collect();
+        Ok((samples.clone(), select_records(header, view, &picks)))
     }
     fn knn(
         &mut self,

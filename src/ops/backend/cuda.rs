@@ -8,7 +8,7 @@
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
 
 use super::{Backend, OpError};
-use crate::cloud::{CloudView, Header, SourceIndex};
+use crate::cloud::{CloudMessage, CloudView, Header, SourceIndex};
 use crate::gpu::{
     select_backend, upload_and_gather, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext, GpuError,
     GrowBuffer, PooledSlice, ProfileChoice,
@@ -40,6 +40,9 @@ pub struct CudaBackend {
     detector: DeviceDetector,
     queries: GrowBuffer<f32>,
     select_xyz: CudaFunction,
+    /// The `samples` records picked on the device.
+    sample_records: GrowBuffer<u8>,
+    select_records: CudaFunction,
     /// The `neighborhoods` records written on the device.
     records: GrowBuffer<u32>,
     nbr_records: CudaFunction,
@@ -92,6 +95,8 @@ impl CudaBackend {
             detector: DeviceDetector::new(&ctx)?,
             queries: GrowBuffer::new(&ctx.stream, 3 * 4096)?,
             select_xyz: ctx.function("gather", "select_xyz")?,
+            sample_records: GrowBuffer::new(&ctx.stream, 48 * 4096)?,
+            select_records: ctx.function("gather", "select_records")?,
             records: GrowBuffer::new(&ctx.stream, 6 * 4096 * 32)?,
             nbr_records: ctx.function("neighbors", "nbr_records")?,
             armed_fault: None,
@@ -257,8 +262,57 @@ impl Backend for CudaBackend {
         fps_enqueue(&self.ctx, &mut self.fps, points.xyz()?, &[0, n], params)?;
         Ok(())
     }
-    fn fps_indices(&mut self, _: &()) -> Result<Vec<i32>, OpError> {
-        Ok(self.fps.download(&self.ctx)?)
+    fn samples_published(
+        &mut self,
+        points: &DevicePoints,
+        _: &(),
+        queries: usize,
+        view: &CloudView<'_>,
+        _: &SourceIndex,
+        header: &Header,
+    ) -> Result<(Vec<i32>, CloudMessage), OpError> {
+        let ctx = &self.ctx;
+        let stream = &ctx.stream;
+        let l = &view.layout;
+        let step = l.point_step as usize;
+        let mut message = CloudMessage::in_bytes(header, 1, queries, &l.fields, l.point_step, l.big_endian, |len| {
+            ctx.output_pool.take(len)
+        });
+        if queries > 0 && step > 0 {
+            // The gathered cloud's records are the upload, found through the record index of each
+            // point; the downsampled cloud's are the `downsampled` records, in point order (their
+            // stream was synchronised when they were published, before FPS ran on them).
+            let (records, source, width, row_step) = match points {
+                DevicePoints::Gathered(c) => {
+                    let (r, _) = c.records.device_ptr(stream);
+                    let (s, _) = c.source.device_ptr(stream);
+                    (r, s, c.layout.width, c.layout.row_step)
+                }
+                DevicePoints::Xyz { len, .. } => {
+                    (self.downsampler.downsampled_records()?, 0, *len as u32, (*len * step) as u32)
+                }
+            };
+            let out = self.sample_records.ensure(stream, queries * step)?;
+            let idx = self.fps.indices(ctx)?;
+            let (m, step32) = (queries as u32, l.point_step);
+            let block = 256u32;
+            let grid = ((queries * step) as u64).div_ceil(block as u64).min(ctx.sm_count.max(1) as u64 * 16) as u32;
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            let mut launch = stream.launch_builder(&self.select_records);
+            launch.arg(&records).arg(&source).arg(&idx).arg(&m).arg(&step32).arg(&width).arg(&row_step);
+            launch.arg(&mut *out);
+            // SAFETY: matches select_records in cuda/gather.cu; idx holds >= queries indices of
+            // points of `points`, whose records (through `source` for the gathered cloud) lie in
+            // `records` in `view`'s layout; out holds queries * point_step bytes.
+            unsafe { launch.launch(cfg) }.map_err(GpuError::from)?;
+            drop(launch);
+            let (out_ptr, _o) = out.device_ptr(stream);
+            // SAFETY: `out` holds the message's bytes; they are not touched before the stream is
+            // synchronised (by the download of the indices behind this copy).
+            unsafe { drv::memcpy_dtoh_async(message.data_mut(), out_ptr, stream.cu_stream()) }
+                .map_err(GpuError::from)?;
+        }
+        Ok((self.fps.download(ctx)?, message))
     }
     fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Search, OpError> {
         params.validate()?;

@@ -25,7 +25,7 @@ use super::voxel::{
     PublishedHardVoxels, VoxelGrid,
 };
 use super::ParamError;
-use crate::cloud::{CloudView, Header, SourceIndex};
+use crate::cloud::{CloudMessage, CloudView, Header, SourceIndex};
 use crate::gpu::GpuError;
 
 /// An operator failure, the same type on every backend.
@@ -126,10 +126,22 @@ pub trait Backend {
 
     /// FPS over `points`, the indices kept on the backend (for the queries). On CUDA the kernels
     /// are only enqueued: the host goes on (the pipeline encodes the voxel outputs meanwhile)
-    /// until [`Self::fps_indices`].
+    /// until [`Self::samples_published`].
     fn fps(&mut self, points: &Self::Points, params: &FpsParams) -> Result<Self::Samples, OpError>;
-    /// The indices of `samples` on the host (published); waits for the device.
-    fn fps_indices(&mut self, samples: &Self::Samples) -> Result<Vec<i32>, OpError>;
+    /// The indices of `samples` on the host and the `samples` message: the records of `view`,
+    /// the message of the cloud FPS ran on (the input, or the `downsampled` message; `source`
+    /// maps the points of `points` to its records), at the first `queries` samples, byte for
+    /// byte ([`crate::cloud::select_records`]). Waits for the device once: on CUDA a kernel picks
+    /// the records from the ones on the device.
+    fn samples_published(
+        &mut self,
+        points: &Self::Points,
+        samples: &Self::Samples,
+        queries: usize,
+        view: &CloudView<'_>,
+        source: &SourceIndex,
+        header: &Header,
+    ) -> Result<(Vec<i32>, CloudMessage), OpError>;
     /// KNN of the first `queries` sampled points (the non-padding ones) into `points`. On CUDA
     /// only enqueued, behind the FPS that made `samples`, until [`Self::neighbors_published`].
     fn knn(

@@ -911,6 +911,15 @@ impl GpuVoxelizer {
         Ok(PublishedDownsample { points: v, dropped_out_of_range: ctr[CTR_OUT_OF_RANGE] as usize, message })
     }
 
+    /// The device address of the records the last [`Self::downsampled_published`] copied (the
+    /// `downsampled` message's bytes), valid until the next call on this voxelizer.
+    pub fn downsampled_records(&self) -> Result<u64, GpuError> {
+        match self.last {
+            LastOp::Downsample { .. } => Ok(self.ds_records.ptr()),
+            _ => Err(GpuError::NoResult { op: "downsampled_records", result: "downsample_device" }),
+        }
+    }
+
     /// Copies the last dynamic result back (waits for the stream).
     pub fn dynamic_to_host(&self, _ctx: &GpuContext) -> Result<DynamicVoxels, GpuError> {
         let LastOp::Dynamic { points, num_channels } = self.last else {
