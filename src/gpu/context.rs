@@ -56,7 +56,7 @@ pub struct GpuContext {
     pub cache_dir: Option<PathBuf>,
     /// One entry per kernel file: cache hit or compiled, and how long it took.
     pub module_loads: Vec<ModuleLoad>,
-    /// Host -> device staging of PointCloud2 blobs (write-combined: the CPU only writes them).
+    /// Host -> device staging of PointCloud2 blobs.
     pub(crate) upload_ring: Mutex<PinnedRing<u8>>,
     /// Device -> host read-back (plain pinned memory: the CPU reads it).
     pub(crate) readback_ring: Arc<Mutex<PinnedRing<f32>>>,
