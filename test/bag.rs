@@ -431,6 +431,27 @@ fn corrupted_mcap_bytes_never_panic() {
 }
 
 #[test]
+fn a_missing_scan_leaves_the_earlier_sample_whole() {
+    let dir = temp_dir("sample-missing-scan");
+    let bag_dir = sample::write_sample_bag(&dir).unwrap();
+    let before = std::fs::read(bag_dir.join(format!("{}_0.mcap", sample::SAMPLE_BAG_NAME))).unwrap();
+    // A data folder holding all but the last scan: the error names the missing one.
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for name in &SAMPLE_SCANS[..SAMPLE_SCANS.len() - 1] {
+        std::fs::copy(common::ouster_dir().join(name), data.join(name)).unwrap();
+    }
+    let err = sample::write_sample_bag_from(&data, &dir).unwrap_err().to_string();
+    assert!(err.contains(SAMPLE_SCANS[SAMPLE_SCANS.len() - 1]), "{err}");
+    let after = std::fs::read(bag_dir.join(format!("{}_0.mcap", sample::SAMPLE_BAG_NAME))).unwrap();
+    assert!(after == before && bag_dir.join("metadata.yaml").is_file());
+    // Into an empty folder: no bag folder at all.
+    let empty = temp_dir("sample-missing-scan-empty");
+    assert!(sample::write_sample_bag_from(&data, &empty).is_err());
+    assert!(!empty.join(sample::SAMPLE_BAG_NAME).exists());
+}
+
+#[test]
 fn sample_bag_holds_the_ouster_scans() {
     let dir = temp_dir("sample");
     let bag_dir = sample::write_sample_bag(&dir).unwrap();

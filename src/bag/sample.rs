@@ -100,6 +100,15 @@ pub fn write_sample_bag(dir: &Path) -> Result<PathBuf, BagError> {
 
 /// [`write_sample_bag`] reading the scans from `data_dir`.
 pub fn write_sample_bag_from(data_dir: &Path, dir: &Path) -> Result<PathBuf, BagError> {
+    // Every scan is read before anything is written, so a missing scan leaves no half-written bag
+    // (an MCAP file without messages or metadata.yaml that would replay as zero frames).
+    let scans = SAMPLE_SCANS
+        .iter()
+        .map(|name| {
+            let path = data_dir.join(name);
+            load_ouster_bin(&path).map_err(|e| BagError::io(&path, e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let bag = dir.join(SAMPLE_BAG_NAME);
     if bag.exists() {
         for name in [METADATA_FILE.to_string(), format!("{SAMPLE_BAG_NAME}_0.mcap"), "LICENSE".to_string()] {
@@ -111,16 +120,14 @@ pub fn write_sample_bag_from(data_dir: &Path, dir: &Path) -> Result<PathBuf, Bag
     }
     let mut writer = McapBagWriter::create_folder(&bag)?;
     let topic = writer.add_topic(SAMPLE_TOPIC, POINTCLOUD2_TYPE)?;
-    for (i, name) in SAMPLE_SCANS.iter().enumerate() {
-        let path = data_dir.join(name);
-        let scan = load_ouster_bin(&path).map_err(|e| BagError::io(&path, e))?;
+    for (i, scan) in scans.iter().enumerate() {
         let stamp = SAMPLE_START_NS + i as u64 * SAMPLE_PERIOD_NS;
         let header = Header {
             stamp_sec: (stamp / 1_000_000_000) as i32,
             stamp_nanosec: (stamp % 1_000_000_000) as u32,
             frame_id: SAMPLE_FRAME_ID.to_string(),
         };
-        let msg = ouster_cloud_message(&scan, header);
+        let msg = ouster_cloud_message(scan, header);
         writer.write(topic, stamp, &msg.to_cdr())?;
     }
     let bag = writer.finish()?;

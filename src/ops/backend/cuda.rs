@@ -280,8 +280,10 @@ impl Backend for CudaBackend {
         });
         if queries > 0 && step > 0 {
             // The gathered cloud's records are the upload, found through the record index of each
-            // point; the downsampled cloud's are the `downsampled` records, in point order (their
-            // stream was synchronised when they were published, before FPS ran on them).
+            // point (written on this stream, so stream order covers the read and the next frame's
+            // upload: no event needs to outlive the launch); the downsampled cloud's are the
+            // `downsampled` records, one row in point order (their stream was synchronised when
+            // they were published, before FPS ran on them).
             let (records, source, width, row_step) = match points {
                 DevicePoints::Gathered(c) => {
                     let (r, _) = c.records.device_ptr(stream);
