@@ -200,11 +200,12 @@ fn start_sampling<B: Backend>(
 /// stage table, in its order.
 pub type Messages = Vec<(&'static str, CloudMessage)>;
 
-/// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and encodes its
-/// outputs (the `encode` stage, timed in parts). FPS and the neighbour search are started first,
-/// then the downsample; the voxel stages and their messages are done while the device samples,
-/// which is only waited for after them. The messages are built side by side on the current rayon
-/// pool, each from its own results, so the bytes do not depend on the threads.
+/// Runs every enabled stage of `cfg` on `view` (validated once, by the caller) and collects its
+/// output messages: the backend writes each stage's own (on CUDA, on the device), the `encode`
+/// stage only the detector's, side by side on the current rayon pool, so the bytes do not depend
+/// on the threads. FPS and the neighbour search are started first, then the downsample; the voxel
+/// stages and their messages are done while the device samples, which is only waited for after
+/// them.
 pub fn run<B: Backend>(
     backend: &mut B,
     cfg: &PipelineConfig,
