@@ -45,6 +45,11 @@ pub fn upload_xyz(ctx: &GpuContext, x: &[f32], y: &[f32], z: &[f32]) -> Result<C
     Ok(ctx.stream.clone_htod(&all)?)
 }
 
+/// Whether the device of `stream` has stream-ordered memory pools (the `pools` of [`DevBuf::new`]).
+pub(crate) fn memory_pools_supported(stream: &CudaStream) -> Result<bool, GpuError> {
+    Ok(stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0)
+}
+
 /// A grow-only raw device allocation, passed to kernels as a plain pointer (no cudarc event
 /// tracking). Allocated and freed in stream order on the owner's stream (pool allocations
 /// where the device supports them), zero-filled when (re)allocated.

@@ -5,12 +5,11 @@
 //! and each point's record index stay with the device cloud, for outputs that carry the input's
 //! own values (`downsampled`).
 
-use super::buffer::DevBuf;
+use super::buffer::{memory_pools_supported, DevBuf};
 use super::context::{GpuContext, PinnedRing, PooledSlice, StageTimer};
 use super::profile::KernelProfile;
 use super::GpuError;
 use crate::cloud::{Cloud, CloudView};
-use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
@@ -50,7 +49,7 @@ pub(crate) struct GatherScratch {
 
 impl GatherScratch {
     pub(crate) fn new(stream: &Arc<CudaStream>, profile: &KernelProfile) -> Result<Self, GpuError> {
-        let pools = stream.context().attribute(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0;
+        let pools = memory_pools_supported(stream)?;
         let (mut tile_status, mut counters) = (DevBuf::new(stream, pools), DevBuf::new(stream, pools));
         tile_status.ensure(profile.pools.points.div_ceil(profile.gather_tile()))?;
         counters.ensure(2)?;

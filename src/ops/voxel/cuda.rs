@@ -40,10 +40,11 @@ use super::{
     HardVoxelParams, HardVoxels, PillarFeatures, PublishedDownsample, PublishedHardVoxels, VoxelGrid,
 };
 use crate::cloud::{CloudMessage, CloudView};
+use crate::gpu::buffer::memory_pools_supported;
 use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, PooledSlice, StageTimer};
 use crate::ops::{ParamError, Validate};
 use cudarc::driver::{
-    result as drv, sys, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    result as drv, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -275,7 +276,7 @@ impl GpuVoxelizer {
     /// on any stream (cudarc orders them by the cloud's events).
     pub fn on_stream(ctx: &GpuContext, stream: Arc<CudaStream>) -> Result<Self, GpuError> {
         let s = &stream;
-        let pools = ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0;
+        let pools = memory_pools_supported(s)?;
         let f = |n: &str| ctx.function("voxel", n);
         let mut counters: DevBuf<u32> = DevBuf::new(s, pools);
         counters.ensure(CTR_TOTAL)?;
