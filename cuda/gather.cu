@@ -142,15 +142,20 @@ gather_compact(const unsigned char* __restrict__ data, float* __restrict__ out,
     }
 }
 
-// The neighbour-search queries: x, y, z of the first m sampled points, in sample order, from the
-// gathered columns (stride = column capacity). The FPS indices are read where FPS wrote them, so
-// the samples never go through the host between the two stages.
+// The neighbour-search queries: x, y, z of m sampled points, in sample order, from the gathered
+// columns (stride = column capacity). The FPS indices are read where FPS writes them, so the
+// samples never go through the host between the two stages.
 extern "C" __global__ void select_xyz(const float* __restrict__ cols, unsigned long long stride,
                                       const int* __restrict__ idx, unsigned int m,
                                       float* __restrict__ out) {
     const unsigned int q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= m) return;
-    const unsigned long long i = (unsigned long long)idx[q];
+    // FPS may still be running: the pipeline launches a chunk of queries once the host has seen
+    // the chunk's last index written; the earlier ones may not have landed yet (-1 before FPS).
+    int v;
+    while ((v = *(volatile const int*)(idx + q)) < 0) {
+    }
+    const unsigned long long i = (unsigned long long)v;
     out[q] = cols[i];
     out[m + q] = cols[stride + i];
     out[2ull * m + q] = cols[2ull * stride + i];

@@ -681,11 +681,12 @@ extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK) ball_warp(BALL_ARG
 // The `neighborhoods` message's records on the device, so the host copies them once into the
 // published message instead of writing 24 bytes per slot itself. One thread per slot: x, y, z of
 // the neighbour (the float32 point the search read; NaN, 0x7fc00000 like Rust's f32::NAN, in KNN
-// padding), its index, the row (query) and the query's index in the searched cloud. Layout:
+// padding), its index, the row (query) and the query's index in the searched cloud. Rows row0 ..
+// row0 + slots / width of a search (idx, samples and out start at row0). Layout:
 // `ops::neighbors::neighborhoods_message_in`.
 extern "C" __global__ void __launch_bounds__(NEIGHBORS_BLOCK)
 nbr_records(const float* __restrict__ cols, unsigned long long stride, const int* __restrict__ idx,
-            const int* __restrict__ samples, unsigned int width, unsigned long long slots,
+            const int* __restrict__ samples, unsigned int width, unsigned long long slots, unsigned int row0,
             unsigned int* __restrict__ out) {
     for (unsigned long long t = (unsigned long long)blockIdx.x * NEIGHBORS_BLOCK + threadIdx.x; t < slots;
          t += (unsigned long long)gridDim.x * NEIGHBORS_BLOCK) {
@@ -700,7 +701,7 @@ nbr_records(const float* __restrict__ cols, unsigned long long stride, const int
             rec[2] = __float_as_uint(cols[2ull * stride + i]);
         }
         rec[3] = (unsigned int)i;
-        rec[4] = (unsigned int)q;
-        rec[5] = (unsigned int)samples[q];
+        rec[4] = row0 + (unsigned int)q;
+        rec[5] = (unsigned int)__ldcg(samples + q); // from L2: select_xyz saw it written there, FPS may still run
     }
 }

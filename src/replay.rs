@@ -135,7 +135,7 @@ fn frame_line(index: u64, out: &FrameOutput) -> String {
         line += &format!(" | fps {}", s.len());
     }
     if let Some(n) = &r.neighborhoods {
-        line += &format!(" | neighbours {}x{} ({} found)", n.indices.len() / n.width.max(1), n.width, n.found);
+        line += &format!(" | neighbours {}x{} ({} found)", n.rows, n.width, n.found);
     }
     line
 }

@@ -7,7 +7,9 @@ mod common;
 use common::{load_ouster, OUSTER_SCANS};
 use lidar_kernels::cloud::Cloud;
 use lidar_kernels::ops::fps::{dist2, farthest_point_sample, farthest_point_sample_batched, FpsParams};
-use lidar_kernels::ops::neighbors::{ball_query, knn, BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors};
+use lidar_kernels::ops::neighbors::{
+    ball_query, ball_row_full, knn, BallPadding, BallQuery, BallQueryParams, KnnParams, Neighbors,
+};
 use lidar_kernels::ops::Validate;
 use proptest::prelude::*;
 
@@ -221,6 +223,23 @@ proptest! {
             off += cl.len();
             prop_assert_eq!(got.offsets[b + 1], off);
             prop_assert_eq!(&got.indices[b * k..(b + 1) * k], &fps_oracle(cl, k, start)[..]);
+        }
+    }
+
+    /// A ball-query row holds no -1 exactly when `ball_row_full` says so from its count alone (the
+    /// CUDA backend tells the `neighborhoods` message's is_dense from the counts).
+    #[test]
+    fn ball_row_full_matches_the_rows(
+        (cloud, queries) in cloud_and_queries(),
+        nsample in 1usize..20,
+        radius in 0.1f32..3.0,
+        first_found in any::<bool>(),
+    ) {
+        let padding = if first_found { BallPadding::FirstFound } else { BallPadding::Minus1 };
+        let params = BallQueryParams { radius, min_radius: 0.0, nsample, padding };
+        let got = ball_query(&Cloud::from_points(&cloud), &Cloud::from_points(&queries), &params).unwrap();
+        for (row, &count) in got.indices.chunks(nsample).zip(&got.counts) {
+            prop_assert_eq!(ball_row_full(count, nsample, padding), row.iter().all(|&i| i >= 0), "count {}", count);
         }
     }
 

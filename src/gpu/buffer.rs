@@ -4,7 +4,9 @@
 
 use super::gather::DeviceCloud;
 use super::{GpuContext, GpuError};
-use cudarc::driver::{result as drv, sys, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    result as drv, sys, CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -48,6 +50,39 @@ pub fn upload_xyz(ctx: &GpuContext, x: &[f32], y: &[f32], z: &[f32]) -> Result<C
 /// Whether the device of `stream` has stream-ordered memory pools (the `pools` of [`DevBuf::new`]).
 pub(crate) fn memory_pools_supported(stream: &CudaStream) -> Result<bool, GpuError> {
     Ok(stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0)
+}
+
+/// One value in page-locked host memory, the target of small device-to-host copies that the host
+/// reads while other work runs (the FPS progress probe).
+pub struct PinnedWord<T> {
+    _memory: PinnedHostSlice<T>,
+    host: *mut T,
+}
+
+// SAFETY: `host` points into the page-locked allocation owned by `_memory`, valid on any thread;
+// it is only read with volatile accesses, after the copy into it has been waited for.
+unsafe impl<T> Send for PinnedWord<T> {}
+unsafe impl<T> Sync for PinnedWord<T> {}
+
+impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedWord<T> {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        // SAFETY: the value is only read after a copy has written it.
+        let mut memory = unsafe { ctx.alloc_pinned_with_flags::<T>(1, 0) }?;
+        let host = memory.as_mut_ptr()?;
+        Ok(Self { _memory: memory, host })
+    }
+
+    /// Copies the value at `src` (a device address) into the word and waits for `stream`.
+    pub fn fetch(&self, src: u64, stream: &CudaStream) -> Result<T, GpuError> {
+        stream.context().bind_to_thread()?;
+        // SAFETY: `host` holds one T; the copy has finished when synchronize returns.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(self.host, 1);
+            drv::memcpy_dtoh_async(dst, src, stream.cu_stream())?;
+            stream.synchronize()?;
+            Ok(self.host.read_volatile())
+        }
+    }
 }
 
 /// A grow-only raw device allocation, passed to kernels as a plain pointer (no cudarc event

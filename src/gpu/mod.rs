@@ -16,7 +16,7 @@ pub mod nvrtc;
 pub mod output_pool;
 pub mod profile;
 
-pub use buffer::{upload_xyz, DevBuf, DeviceXyz};
+pub use buffer::{upload_xyz, DevBuf, DeviceXyz, PinnedWord};
 pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, PooledSlice, StageTimer};
 pub use fault::{FaultKind, FaultOp, FaultPlan};
 pub use gather::{upload_and_gather, DeviceCloud};

@@ -46,7 +46,8 @@ pub enum Voxels {
 /// Neighbour indices around the FPS samples: `indices` is [queries, width], -1 padded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Neighborhoods {
-    pub indices: Vec<i32>,
+    /// Rows (queries) of `width` slots.
+    pub rows: usize,
     pub width: usize,
     /// Real neighbours (padding slots excluded: ball-query `first_found` padding repeats an index).
     pub found: usize,

@@ -292,7 +292,7 @@ pub fn run<B: Backend>(
                 Some(search) => {
                     let p = timed(t, "neighbors", || backend.neighbors_published(fps_cloud, &on_backend, search, h))?;
                     messages.push((NEIGHBORHOODS_TOPIC, p.message));
-                    Some(Neighborhoods { indices: p.indices, width: p.width, found: p.found })
+                    Some(Neighborhoods { rows: p.rows, width: p.width, found: p.found })
                 }
                 None => None,
             };

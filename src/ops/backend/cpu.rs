@@ -159,7 +159,7 @@ impl Backend for CpuBackend {
     ) -> Result<PublishedNeighbors, OpError> {
         let (indices, width, found) = neighbors.into_published();
         let message = neighborhoods_message(header, |i| points.cloud.point(i), samples, &indices, width);
-        Ok(PublishedNeighbors { indices, width, found, message })
+        Ok(PublishedNeighbors { rows: indices.len() / width.max(1), width, found, message })
     }
 
     fn detect(&mut self, points: &HostPoints, params: &DetectParams) -> Result<Detections, OpError> {

@@ -1,13 +1,15 @@
 //! The CUDA backend: the family launchers (`ops::*::cuda`) over one context, with every scratch
 //! buffer kept across frames. The gathered cloud stays on the device; FPS indices feed the query
 //! selection on the device; only what is published is copied back, the large outputs straight into
-//! page-locked message bytes (`gpu::output_pool`). Voxelization and the downsample run on streams
-//! of their own, beside FPS and the neighbour search on the context's stream.
+//! page-locked message bytes (`gpu::output_pool`). FPS runs on the context's stream; voxelization,
+//! the downsample and the neighbour search run on streams of their own beside it, the search in
+//! chunks of the samples FPS has written so far ([`PendingSearch`]).
 //!
 //! Parameters are checked with the CPU reference's own checks before anything is launched, so a
 //! bad value is the same [`ParamError`](crate::ops::ParamError) on both backends.
 
 use super::{Backend, OpError};
+use crate::cloud::MessageBytes;
 use crate::cloud::{CloudMessage, CloudView, Header, SourceIndex};
 use crate::gpu::{
     select_backend, upload_and_gather, BackendKind, DeviceCloud, DeviceXyz, FaultOp, FaultPlan, GpuContext, GpuError,
@@ -17,8 +19,10 @@ use crate::ops::detect::cuda::DeviceDetector;
 use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
-use crate::ops::neighbors::cuda::{ball_query_enqueue, knn_enqueue, NeighborsScratch};
-use crate::ops::neighbors::{neighborhoods_message_in, BallQueryParams, KnnParams, PublishedNeighbors};
+use crate::ops::neighbors::cuda::{launch_query, prepare, NeighborsScratch, QueryKind};
+use crate::ops::neighbors::{
+    ball_row_full, neighborhoods_message_in, BallPadding, BallQueryParams, KnnParams, PublishedNeighbors,
+};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::cuda::GpuVoxelizer;
@@ -27,7 +31,8 @@ use crate::ops::voxel::{
     PublishedHardVoxels, VoxelGrid,
 };
 use crate::ops::Validate;
-use cudarc::driver::{result as drv, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result as drv, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
 
 /// CUDA state kept across frames.
 pub struct CudaBackend {
@@ -46,6 +51,8 @@ pub struct CudaBackend {
     /// The `neighborhoods` records written on the device.
     records: GrowBuffer<u32>,
     nbr_records: CudaFunction,
+    /// The neighbour search asked for behind the last FPS, launched as FPS writes its samples.
+    search: Option<PendingSearch>,
     /// A test fault to make at the start of its operator in this frame (armed by the engine).
     pub(crate) armed_fault: Option<FaultPlan>,
 }
@@ -84,7 +91,8 @@ impl CudaBackend {
         // Voxelization and the downsample run on streams of their own: the stage sequence starts
         // FPS (the longest kernel, on a few SMs) first, and they run beside it, and the downsample
         // beside the voxel stage's copies. The neighbour grid (it needs the points only, not the
-        // samples) is built on the voxel stream too.
+        // samples) is built on the voxel stream too, and the search runs there, after the voxel
+        // stage's copies, chunk by chunk behind FPS.
         let side = ctx.ctx.new_stream()?;
         Ok(Self {
             voxelizer: GpuVoxelizer::on_stream(&ctx, side.clone())?,
@@ -99,6 +107,7 @@ impl CudaBackend {
             select_records: ctx.function("gather", "select_records")?,
             records: GrowBuffer::new(&ctx.stream, 6 * 4096 * 32)?,
             nbr_records: ctx.function("neighbors", "nbr_records")?,
+            search: None,
             armed_fault: None,
             ctx,
         })
@@ -116,43 +125,153 @@ impl CudaBackend {
     }
 }
 
-/// An enqueued neighbour search: its results stay in the backend's scratch until fetched.
-pub enum Search {
-    Knn { k: usize },
-    Ball { nsample: usize },
+/// Queries searched per launch while FPS goes on (the last chunk, after FPS, is what is left
+/// of the frame's neighbour stage); each chunk costs a few launches and copies.
+const SEARCH_CHUNK: usize = 256;
+
+/// A neighbour search around the samples of the FPS in flight, launched in chunks of rows on the
+/// neighbour grid's stream as FPS writes the samples (while the host waits for FPS anyway), so
+/// that only the last chunk's search, records and copy are left when FPS ends. The published
+/// bytes are copied into page-locked buffers chunk by chunk.
+struct PendingSearch {
+    kind: QueryKind,
+    rows: usize,
+    width: usize,
+    /// Rows launched so far.
+    launched: usize,
+    /// Work on `stream` may still write into the buffers below.
+    in_flight: bool,
+    stream: Arc<CudaStream>,
+    message: Option<CloudMessage>,
+    /// What the host needs besides the message, to count the real neighbours and tell is_dense:
+    /// the per-row counts of a ball query, the indices of KNN (its -1 padding).
+    tally: MessageBytes,
 }
 
-/// Device x, y, z of the first `m` samples of the last FPS (in `fps`), as the neighbour queries.
-fn select_queries<'q>(
-    ctx: &GpuContext,
-    fps: &mut FpsScratch,
-    queries: &'q mut GrowBuffer<f32>,
-    select_xyz: &CudaFunction,
-    points: &DevicePoints,
-    m: usize,
-) -> Result<DeviceXyz<'q>, GpuError> {
-    let stream = &ctx.stream;
-    let src = points.xyz()?;
-    let out = queries.ensure(stream, 3 * m.max(1))?;
-    if m > 0 {
-        let idx = fps.indices(ctx)?;
-        let (stride, m32) = (src.stride as u64, m as u32);
-        let block = 256u32;
-        let cfg = LaunchConfig { grid_dim: (m32.div_ceil(block), 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-        let mut l = stream.launch_builder(select_xyz);
-        l.arg(src.data).arg(&stride).arg(&idx).arg(&m32).arg(&mut *out);
-        // SAFETY: matches select_xyz in cuda/gather.cu; idx holds >= m valid indices < src.len,
-        // out holds 3 * m floats.
-        unsafe { l.launch(cfg) }?;
+impl Drop for PendingSearch {
+    /// Copies may still be writing into the buffers (a frame that failed half way): they go back
+    /// to the pool only after the stream's work.
+    fn drop(&mut self) {
+        if self.in_flight {
+            self.stream.context().record_err(self.stream.synchronize());
+        }
     }
-    DeviceXyz::new(out, m, m)
+}
+
+impl CudaBackend {
+    /// Prepares a search of the first `queries` samples of the FPS in flight: the cell grid is
+    /// built now (it needs the points only); the rows are launched by [`Self::launch_search`].
+    fn start_search(
+        &mut self,
+        points: &DevicePoints,
+        queries: usize,
+        width: usize,
+        kind: QueryKind,
+    ) -> Result<(), OpError> {
+        self.fault_point(FaultOp::Neighbors)?;
+        self.search = None;
+        prepare(&self.ctx, &mut self.neighbors, points.xyz()?, queries, width, kind)?;
+        let pool = &self.ctx.output_pool;
+        self.search = Some(PendingSearch {
+            kind,
+            rows: queries,
+            width,
+            launched: 0,
+            in_flight: false,
+            stream: self.neighbors.grid_stream().clone(),
+            message: None,
+            tally: pool.take(4 * queries * if matches!(kind, QueryKind::Ball { .. }) { 1 } else { width }),
+        });
+        Ok(())
+    }
+
+    /// Launches every row of the pending search not launched yet, each chunk once FPS has
+    /// written its samples (waiting for them), with the `neighborhoods` records and the copies of
+    /// the published bytes; `points` is the cloud FPS ran on and the search searches.
+    fn launch_search(&mut self, points: &DevicePoints, header: &Header) -> Result<(), OpError> {
+        let Self { ctx, fps, neighbors, queries, records, select_xyz, nbr_records, search, .. } = self;
+        let Some(p) = search.as_mut() else { return Ok(()) };
+        let (rows, width) = (p.rows, p.width);
+        let message = p
+            .message
+            .get_or_insert_with(|| neighborhoods_message_in(header, rows, width, |len| ctx.output_pool.take(len)));
+        if p.launched == rows || width == 0 {
+            p.launched = rows;
+            return Ok(());
+        }
+        let stream = p.stream.clone();
+        let xyz = points.xyz()?;
+        let stride = xyz.stride as u64;
+        // The samples' device address, read by kernels on the search's stream while FPS may still
+        // be writing later samples: no event may order the two (that would wait for all of FPS).
+        let samples = {
+            let v = fps.indices(ctx)?;
+            let (ptr, _record) = v.device_ptr(&ctx.stream);
+            ptr
+        };
+        let qbuf = queries.ensure(&stream, 3 * rows)?;
+        let recs = records.ensure(&stream, 6 * rows * width)?;
+        let block = ctx.profile.block_size.neighbors;
+        while p.launched < rows {
+            let (q0, q1) = (p.launched, fps.wait_written(ctx, (p.launched + SEARCH_CHUNK).min(rows))?.min(rows));
+            let (m, cells) = (q1 - q0, q0 * width..q1 * width);
+            p.in_flight = true;
+            let mut q = qbuf.slice_mut(3 * q0..3 * q1);
+            let (idx0, m32) = (samples + 4 * q0 as u64, m as u32);
+            let cfg = LaunchConfig { grid_dim: (m32.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut l = stream.launch_builder(select_xyz);
+            l.arg(xyz.data).arg(&stride).arg(&idx0).arg(&m32).arg(&mut q);
+            // SAFETY: matches select_xyz in cuda/gather.cu; FPS has written samples q0 .. q1
+            // (indices < the cloud's length; the kernel waits for each to land, -1 until then);
+            // q holds 3 * m floats.
+            unsafe { l.launch(cfg) }.map_err(GpuError::from)?;
+            drop(l);
+            launch_query(ctx, neighbors, &stream, &q.as_view(), m, q0, m, p.kind)?;
+            if matches!(p.kind, QueryKind::Ball { .. }) {
+                let c = neighbors.counts(ctx)?.slice(q0..q1);
+                let (c_ptr, _c) = c.device_ptr(&stream);
+                // SAFETY: the device range holds these rows' counts (4 bytes each, little endian);
+                // the host buffer is not read before the stream is synchronised.
+                unsafe { drv::memcpy_dtoh_async(&mut p.tally[4 * q0..4 * q1], c_ptr, stream.cu_stream()) }
+                    .map_err(GpuError::from)?;
+            }
+            let idx = neighbors.indices(ctx)?.slice(cells.clone());
+            let mut out = recs.slice_mut(6 * cells.start..6 * cells.end);
+            let (slots, row0, width32) = ((m * width) as u64, q0 as u32, width as u32);
+            let grid = slots.div_ceil(block as u64).min(ctx.sm_count.max(1) as u64 * 16) as u32;
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            // nbr_records is compiled for NEIGHBORS_BLOCK threads (its launch bound and stride).
+            let mut l = stream.launch_builder(nbr_records);
+            l.arg(xyz.data).arg(&stride).arg(&idx).arg(&idx0).arg(&width32).arg(&slots).arg(&row0).arg(&mut out);
+            // SAFETY: matches nbr_records in cuda/neighbors.cu; idx holds rows q0 .. q1 of the
+            // search (indices < the searched cloud's length), idx0 their samples, out 6 words per slot.
+            unsafe { l.launch(cfg) }.map_err(GpuError::from)?;
+            drop(l);
+            let (out_ptr, _o) = out.device_ptr(&stream);
+            let (idx_ptr, _i) = idx.device_ptr(&stream);
+            // SAFETY: the device ranges hold these rows' records (24 bytes per slot) and indices (4
+            // bytes, little endian like the host); the host buffers are not read before the
+            // stream is synchronised (`neighbors_published`, or the drop of the search).
+            unsafe {
+                let bytes = &mut message.data_mut()[24 * cells.start..24 * cells.end];
+                drv::memcpy_dtoh_async(bytes, out_ptr, stream.cu_stream()).map_err(GpuError::from)?;
+                if matches!(p.kind, QueryKind::Knn { .. }) {
+                    let bytes = &mut p.tally[4 * cells.start..4 * cells.end];
+                    drv::memcpy_dtoh_async(bytes, idx_ptr, stream.cu_stream()).map_err(GpuError::from)?;
+                }
+            }
+            p.launched = q1;
+        }
+        Ok(())
+    }
 }
 
 impl Backend for CudaBackend {
     type Points = DevicePoints;
     /// The indices stay in the backend's FPS scratch until the next FPS.
     type Samples = ();
-    type Neighbors = Search;
+    /// The search stays in the backend ([`PendingSearch`]) until it is published.
+    type Neighbors = ();
     /// The dynamic voxels stay in the downsampler until they are published; with `keep`, the
     /// downsampled cloud's x, y, z columns.
     type Downsample = Option<PooledSlice<f32>>;
@@ -271,6 +390,8 @@ impl Backend for CudaBackend {
         _: &SourceIndex,
         header: &Header,
     ) -> Result<(Vec<i32>, CloudMessage), OpError> {
+        // The neighbour search behind this FPS is launched while FPS writes the samples.
+        self.launch_search(points, header)?;
         let ctx = &self.ctx;
         let stream = &ctx.stream;
         let l = &view.layout;
@@ -316,13 +437,8 @@ impl Backend for CudaBackend {
         }
         Ok((self.fps.download(ctx)?, message))
     }
-    fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<Search, OpError> {
-        params.validate()?;
-        self.fault_point(FaultOp::Neighbors)?;
-        let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
-        let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
-        knn_enqueue(ctx, neighbors, points.xyz()?, q, params)?;
-        Ok(Search::Knn { k: params.k })
+    fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<(), OpError> {
+        self.start_search(points, queries, params.k, QueryKind::knn(params)?)
     }
     fn ball_query(
         &mut self,
@@ -330,77 +446,40 @@ impl Backend for CudaBackend {
         _: &(),
         queries: usize,
         params: &BallQueryParams,
-    ) -> Result<Search, OpError> {
-        params.validate()?;
-        self.fault_point(FaultOp::Neighbors)?;
-        let Self { ctx, fps, queries: buf, select_xyz, neighbors, .. } = self;
-        let q = select_queries(ctx, fps, buf, select_xyz, points, queries)?;
-        ball_query_enqueue(ctx, neighbors, points.xyz()?, q, params)?;
-        Ok(Search::Ball { nsample: params.nsample })
+    ) -> Result<(), OpError> {
+        self.start_search(points, queries, params.nsample, QueryKind::ball(params)?)
     }
     fn neighbors_published(
         &mut self,
         points: &DevicePoints,
         _: &(),
-        search: Search,
+        _: (),
         header: &Header,
     ) -> Result<PublishedNeighbors, OpError> {
-        let ctx = &self.ctx;
-        let stream = &ctx.stream;
-        let (rows, width) = self.neighbors.shape();
-        let slots = rows * width;
-        let mut message = neighborhoods_message_in(header, rows, width, |len| ctx.output_pool.take(len));
-        // The indices and (ball query) counts come back through page-locked buffers too, in the
-        // same wait as the records.
-        let mut indices_bytes = ctx.output_pool.take(4 * slots);
-        let ball = matches!(search, Search::Ball { .. });
-        let mut counts_bytes = ball.then(|| ctx.output_pool.take(4 * rows));
-        if slots > 0 {
-            if let Some(counts_bytes) = counts_bytes.as_mut() {
-                let counts = self.neighbors.counts(ctx)?;
-                let (counts_ptr, _c) = counts.device_ptr(stream);
-                // SAFETY: the device buffer holds the search's 4 * rows count bytes; the host
-                // buffer is not touched before the stream is synchronised below.
-                unsafe { drv::memcpy_dtoh_async(&mut counts_bytes[..], counts_ptr, stream.cu_stream()) }
-                    .map_err(GpuError::from)?;
-            }
-            let xyz = points.xyz()?;
-            let out = self.records.ensure(stream, 6 * slots)?;
-            let idx = self.neighbors.indices(ctx)?;
-            let samples = self.fps.indices(ctx)?;
-            let (stride, width32, slots64) = (xyz.stride as u64, width as u32, slots as u64);
-            // nbr_records is compiled for NEIGHBORS_BLOCK threads (its launch bound and stride).
-            let block = ctx.profile.block_size.neighbors;
-            let grid = (slots as u64).div_ceil(block as u64).min(ctx.sm_count.max(1) as u64 * 16) as u32;
-            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-            let mut l = stream.launch_builder(&self.nbr_records);
-            l.arg(xyz.data).arg(&stride).arg(&idx).arg(&samples).arg(&width32).arg(&slots64).arg(&mut *out);
-            // SAFETY: matches nbr_records in cuda/neighbors.cu; idx holds the last search's
-            // `slots` indices (< the searched cloud's length), samples its rows' FPS indices, out
-            // 6 * slots words.
-            unsafe { l.launch(cfg) }.map_err(GpuError::from)?;
-            drop(l);
-            let (records, _r) = out.device_ptr(stream);
-            let (idx_ptr, _i) = idx.device_ptr(stream);
-            // SAFETY: the device buffers hold the records' 24 * slots bytes and the 4 * slots
-            // index bytes (little endian like the host); the host buffers are not touched before
-            // the stream is synchronised below.
-            unsafe {
-                drv::memcpy_dtoh_async(message.data_mut(), records, stream.cu_stream()).map_err(GpuError::from)?;
-                drv::memcpy_dtoh_async(&mut indices_bytes[..], idx_ptr, stream.cu_stream()).map_err(GpuError::from)?;
-            }
-            stream.synchronize().map_err(GpuError::from)?;
-        }
-        fn words(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
-            b.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
-        }
-        let indices: Vec<i32> = words(&indices_bytes).map(|w| w as i32).collect();
-        let found = match &counts_bytes {
-            Some(counts) => words(counts).map(|c| c as usize).sum(),
-            None => indices.iter().filter(|&&i| i >= 0).count(),
+        self.launch_search(points, header)?;
+        let Some(mut p) = self.search.take() else {
+            return Err(GpuError::NoResult { op: "neighbors_published", result: "neighbour search" }.into());
         };
-        message.set_dense(!indices.iter().any(|&i| i < 0));
-        Ok(PublishedNeighbors { indices, width, found, message })
+        p.stream.synchronize().map_err(GpuError::from)?;
+        p.in_flight = false;
+        let words = p.tally.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")));
+        let (found, dense) = match p.kind {
+            QueryKind::Ball { ns, pad_first, .. } => {
+                let padding = if pad_first != 0 { BallPadding::FirstFound } else { BallPadding::Minus1 };
+                words.fold((0, true), |(found, dense), c| {
+                    (found + c as usize, dense && ball_row_full(c, ns as usize, padding))
+                })
+            }
+            QueryKind::Knn { .. } => {
+                let found = words.filter(|&i| (i as i32) >= 0).count();
+                (found, found == p.rows * p.width)
+            }
+        };
+        let Some(mut message) = p.message.take() else {
+            return Err(GpuError::NoResult { op: "neighbors_published", result: "neighborhoods message" }.into());
+        };
+        message.set_dense(dense);
+        Ok(PublishedNeighbors { rows: p.rows, width: p.width, found, message })
     }
 
     fn detect(&mut self, points: &DevicePoints, params: &DetectParams) -> Result<Detections, OpError> {

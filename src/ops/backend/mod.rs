@@ -132,7 +132,8 @@ pub trait Backend {
     /// the message of the cloud FPS ran on (the input, or the `downsampled` message; `source`
     /// maps the points of `points` to its records), at the first `queries` samples, byte for
     /// byte ([`crate::cloud::select_records`]). Waits for the device once: on CUDA a kernel picks
-    /// the records from the ones on the device.
+    /// the records from the ones on the device, and while FPS runs the neighbour search started
+    /// behind it is launched on each chunk of samples FPS has written.
     fn samples_published(
         &mut self,
         points: &Self::Points,
@@ -143,7 +144,9 @@ pub trait Backend {
         header: &Header,
     ) -> Result<(Vec<i32>, CloudMessage), OpError>;
     /// KNN of the first `queries` sampled points (the non-padding ones) into `points`. On CUDA
-    /// only enqueued, behind the FPS that made `samples`, until [`Self::neighbors_published`].
+    /// only started (the cell grid is built beside FPS); the rows are searched in chunks as the
+    /// FPS that makes `samples` writes them ([`Self::samples_published`],
+    /// [`Self::neighbors_published`]).
     fn knn(
         &mut self,
         points: &Self::Points,

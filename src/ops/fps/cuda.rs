@@ -15,9 +15,13 @@
 //! `block_size.fps` sets the other paths'.
 
 use super::{BatchedFps, FpsOutput, FpsParams};
-use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer};
+use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer, PinnedWord};
 use crate::ops::{ParamError, Validate};
-use cudarc::driver::{sys, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result as drv, sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use std::sync::Arc;
 
 /// Must match `struct FpsKernelParams` in cuda/fps.cu.
 #[repr(C)]
@@ -51,6 +55,15 @@ pub struct FpsScratch {
     pub last_plan: (String, u32),
     /// Cluster plans already chosen: (clouds, longest cloud, profile block size) -> plan.
     cluster_plans: Vec<((usize, usize, usize), Option<ClusterShape>)>,
+    /// Recorded behind the last launch.
+    done: CudaEvent,
+    /// Recorded behind the clearing of a single-cloud launch's indices, which `poll` waits for.
+    cleared: CudaEvent,
+    /// [`FpsScratch::wait_written`] copies one index at a time on `poll` into `probe` while FPS
+    /// runs (the kernels do not publish their progress: any extra work in their loop slowed every
+    /// step, see BENCHMARKS.md 2026-12-03 evening).
+    poll: Arc<CudaStream>,
+    probe: PinnedWord<i32>,
 }
 
 /// One launch shape of the cluster path: `fps_cl_{block}_{ppt}` in clusters of `group` blocks.
@@ -79,7 +92,35 @@ impl FpsScratch {
             out_len: 0,
             last_plan: (String::new(), 0),
             cluster_plans: Vec::new(),
+            done: ctx.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+            cleared: ctx.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+            poll: ctx.ctx.new_stream()?,
+            probe: PinnedWord::new(&ctx.ctx)?,
         })
+    }
+
+    /// Waits until the last launch (of a single cloud) has written its first `n` indices, or has
+    /// finished; returns how many it has written, all of them once it has finished. Until it has
+    /// finished, the indices before the n-th may still be on their way: a kernel that reads them
+    /// waits while one is -1 (the launch cleared them to -1 first). Polls: FPS writes an index
+    /// every microsecond or so, one probe copy takes about ten, and the waiting thread has
+    /// nothing else to do.
+    pub fn wait_written(&mut self, ctx: &GpuContext, n: usize) -> Result<usize, GpuError> {
+        let Some(last) = n.min(self.out_len).checked_sub(1) else { return Ok(0) };
+        let addr = {
+            let v = self.indices(ctx)?;
+            // No event: reading an index while FPS writes the others is the point.
+            let (ptr, _record) = v.device_ptr(&ctx.stream);
+            ptr + 4 * last as u64
+        };
+        loop {
+            if self.done.try_is_complete()? {
+                return Ok(self.out_len);
+            }
+            if self.probe.fetch(addr, &self.poll)? >= 0 {
+                return Ok(last + 1);
+            }
+        }
     }
 
     /// The device result of the last [`fps_enqueue`]: `[B, K]` row-major local indices, -1 padded.
@@ -206,6 +247,9 @@ pub fn fps_enqueue(
     let counters = scratch.counters.ensure(stream, nb)?;
     stream.memset_zeros(&mut counters.slice_mut(..nb))?;
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    if nb == 1 {
+        clear_indices(stream, out, k, &scratch.cleared, &scratch.poll)?;
+    }
     let p = FpsKernelParams {
         stride: points.stride as u64,
         num_clouds: nb as u32,
@@ -237,6 +281,25 @@ pub fn fps_enqueue(
             l.launch(cfg)?;
         }
     }
+    scratch.done.record(stream)?;
+    Ok(())
+}
+
+/// Sets the first `n` indices to -1 (in `stream` order, before the launch) and makes `poll` wait
+/// for that: an index [`FpsScratch::wait_written`] or a reader sees is then this launch's, once it
+/// is not -1.
+fn clear_indices(
+    stream: &CudaStream,
+    out: &mut CudaSlice<i32>,
+    n: usize,
+    cleared: &CudaEvent,
+    poll: &CudaStream,
+) -> Result<(), GpuError> {
+    let (ptr, _write) = out.device_ptr_mut(stream);
+    // SAFETY: `out` holds at least n indices.
+    unsafe { drv::memset_d8_async(ptr, 0xff, 4 * n, stream.cu_stream()) }?;
+    cleared.record(stream)?;
+    poll.wait(cleared)?;
     Ok(())
 }
 
@@ -386,6 +449,9 @@ pub fn launch_cluster(
         scratch.uploaded_offsets = offs;
     }
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    if nb == 1 {
+        clear_indices(stream, out, k, &scratch.cleared, &scratch.poll)?;
+    }
     let p = FpsKernelParams {
         stride: points.stride as u64,
         num_clouds: nb as u32,
@@ -433,6 +499,7 @@ pub fn launch_cluster(
             return Err(GpuError::ClusterLaunch { kernel: name, cluster: g, source: cudarc::driver::DriverError(r) });
         }
     }
+    scratch.done.record(stream)?;
     Ok(())
 }
 

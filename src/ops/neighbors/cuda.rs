@@ -42,8 +42,8 @@ pub struct NeighborsScratch {
     out_cnt: GrowBuffer<u32>,
     rows: usize,
     width: usize,
-    /// The stream the grid is built on (the queries run on the context's stream; the buffers'
-    /// events order the two).
+    /// The stream the grid is built on (the pipeline's queries run on it too, beside FPS; other
+    /// callers' queries on the context's stream, ordered by the buffers' events).
     grid_stream: Arc<CudaStream>,
     /// Kernel of the last query launch.
     pub last_kernel: String,
@@ -75,6 +75,10 @@ impl NeighborsScratch {
             grid_stream,
             last_kernel: String::new(),
         })
+    }
+
+    pub(crate) fn grid_stream(&self) -> &Arc<CudaStream> {
+        &self.grid_stream
     }
 
     /// `(M, width)` of the last enqueue.
@@ -196,16 +200,137 @@ fn list_kernel(prefix: &str, width: usize) -> String {
     }
 }
 
-fn check_sizes(points: &DeviceXyz<'_>, queries: &DeviceXyz<'_>, width: usize) -> Result<(), GpuError> {
+fn check_sizes(points: usize, queries: usize, width: usize) -> Result<(), GpuError> {
     let limits = [
-        ("neighbour search points (32-bit indexing)", points.len, i32::MAX as usize),
-        ("neighbour search queries (32-bit indexing)", queries.len, u32::MAX as usize - 1),
+        ("neighbour search points (32-bit indexing)", points, i32::MAX as usize),
+        ("neighbour search queries (32-bit indexing)", queries, u32::MAX as usize - 1),
         ("neighbour search row width, k or nsample (32-bit indexing)", width, u32::MAX as usize),
     ];
     if let Some(&(what, value, limit)) = limits.iter().find(|(_, v, l)| v > l) {
         return Err(GpuError::TooLarge { what, value: value as u64, limit: limit as u64 });
     }
     Ok(())
+}
+
+/// A search's kind and its kernel parameters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueryKind {
+    Knn { k: u32 },
+    Ball { ns: u32, radius: f32, r2: f32, rmin2: f32, pad_first: u32 },
+}
+
+impl QueryKind {
+    pub(crate) fn knn(params: &KnnParams) -> Result<Self, GpuError> {
+        params.validate()?;
+        Ok(QueryKind::Knn { k: params.k.min(u32::MAX as usize) as u32 })
+    }
+
+    pub(crate) fn ball(params: &BallQueryParams) -> Result<Self, GpuError> {
+        params.validate()?;
+        Ok(QueryKind::Ball {
+            ns: params.nsample.min(u32::MAX as usize) as u32,
+            radius: params.radius,
+            r2: params.radius * params.radius,
+            rmin2: params.min_radius * params.min_radius,
+            pad_first: (params.padding == BallPadding::FirstFound) as u32,
+        })
+    }
+}
+
+/// Sizes the scratch for `rows` queries of `kind` into `points` and builds the cell grid; the rows
+/// are then searched by [`launch_query`], all at once or in chunks.
+pub(crate) fn prepare(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    rows: usize,
+    width: usize,
+    kind: QueryKind,
+) -> Result<(), GpuError> {
+    check_sizes(points.len, rows, width)?;
+    s.rows = rows;
+    s.width = width;
+    if rows == 0 {
+        return Ok(());
+    }
+    match kind {
+        QueryKind::Knn { k } => {
+            build_grid(ctx, s, points, 0, k, 0.0)?;
+            s.last_kernel = list_kernel("knn", width);
+        }
+        QueryKind::Ball { radius, .. } => {
+            build_grid(ctx, s, points, 1, 0, radius)?;
+            s.last_kernel = list_kernel("ball", width);
+        }
+    }
+    Ok(())
+}
+
+/// Searches rows `q0 .. q0 + m` of the prepared search on `stream`: their queries' x, y, z at
+/// `qxyz` (columns `qstride` apart), their results into those rows of the scratch's outputs (sized
+/// for every row, so that chunks of one search never reallocate them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_query(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    stream: &Arc<CudaStream>,
+    qxyz: &CudaView<'_, f32>,
+    qstride: usize,
+    q0: usize,
+    m: usize,
+    kind: QueryKind,
+) -> Result<(), GpuError> {
+    if m == 0 {
+        return Ok(());
+    }
+    let b = ctx.profile.block_size.neighbors as usize;
+    let (rows, width) = (s.rows, s.width);
+    let name = s.last_kernel.clone();
+    let warp = name.ends_with("_warp") || name.ends_with("_warp_cells");
+    let NeighborsScratch { gp, start, sorted, list, out_idx, out_d, out_cnt, .. } = s;
+    let gp = gp.ensure(stream, GRID_PARAMS_WORDS)?;
+    let start = start.ensure(stream, 1)?;
+    let sorted = sorted.ensure(stream, 4)?;
+    let cells = q0 * width..(q0 + m) * width;
+    let list = list.ensure(stream, if width > 32 { rows * width } else { 1 })?;
+    let mut list = if width > 32 { list.slice_mut(cells.clone()) } else { list.slice_mut(..) };
+    let mut oi = out_idx.ensure(stream, rows * width)?.slice_mut(cells.clone());
+    let (qs, m32) = (qstride as u64, m as u32);
+    let threads = if warp { m * 32 } else { m };
+    let cfg = LaunchConfig { grid_dim: (blocks(threads, b), 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
+    let f = ctx.function("neighbors", &name)?;
+    let mut l = stream.launch_builder(&f);
+    l.arg(qxyz).arg(&qs).arg(&m32).arg(&*gp).arg(&*start).arg(&*sorted);
+    match kind {
+        QueryKind::Knn { k } => {
+            let mut od = out_d.ensure(stream, rows * width)?.slice_mut(cells);
+            l.arg(&k).arg(&mut oi).arg(&mut od).arg(&mut list);
+            // SAFETY: matches `knn_*` in cuda/neighbors.cu; the outputs hold the m rows of k
+            // (list too when k > 32), qxyz 3 columns of m queries.
+            unsafe { l.launch(cfg) }?;
+        }
+        QueryKind::Ball { ns, radius, r2, rmin2, pad_first } => {
+            let mut oc = out_cnt.ensure(stream, rows)?.slice_mut(q0..q0 + m);
+            l.arg(&ns).arg(&radius).arg(&r2).arg(&rmin2).arg(&pad_first).arg(&mut oi).arg(&mut oc).arg(&mut list);
+            // SAFETY: matches `ball_*` in cuda/neighbors.cu; the outputs hold the m rows of ns
+            // and m counts (list m * ns when ns > 32), qxyz 3 columns of m queries.
+            unsafe { l.launch(cfg) }?;
+        }
+    }
+    Ok(())
+}
+
+/// Prepares and searches every query on the context's stream.
+fn enqueue(
+    ctx: &GpuContext,
+    s: &mut NeighborsScratch,
+    points: DeviceXyz<'_>,
+    queries: DeviceXyz<'_>,
+    width: usize,
+    kind: QueryKind,
+) -> Result<(), GpuError> {
+    prepare(ctx, s, points, queries.len, width, kind)?;
+    launch_query(ctx, s, &ctx.stream, &queries.data.slice(..), queries.stride, 0, queries.len, kind)
 }
 
 /// Enqueues KNN; results stay in `scratch` ([`NeighborsScratch::indices`], [`NeighborsScratch::dist2`]).
@@ -216,86 +341,7 @@ pub fn knn_enqueue(
     queries: DeviceXyz<'_>,
     params: &KnnParams,
 ) -> Result<(), GpuError> {
-    params.validate()?;
-    check_sizes(&points, &queries, params.k)?;
-    let (m, k) = (queries.len, params.k);
-    s.rows = m;
-    s.width = k;
-    if m == 0 {
-        return Ok(());
-    }
-    build_grid(ctx, s, points, 0, k.min(u32::MAX as usize) as u32, 0.0)?;
-    s.last_kernel = list_kernel("knn", k);
-    launch_query(ctx, s, queries, QueryKind::Knn { k: k as u32 })
-}
-
-enum QueryKind {
-    Knn { k: u32 },
-    Ball { ns: u32, radius: f32, r2: f32, rmin2: f32, pad_first: u32 },
-}
-
-fn launch_query(
-    ctx: &GpuContext,
-    s: &mut NeighborsScratch,
-    queries: DeviceXyz<'_>,
-    kind: QueryKind,
-) -> Result<(), GpuError> {
-    let stream = &ctx.stream;
-    let m = queries.len;
-    let b = ctx.profile.block_size.neighbors as usize;
-    let width = s.width;
-    let name = s.last_kernel.clone();
-    let warp = name.ends_with("_warp") || name.ends_with("_warp_cells");
-    let NeighborsScratch { gp, start, sorted, list, out_idx, out_d, out_cnt, .. } = s;
-    let gp = gp.ensure(stream, GRID_PARAMS_WORDS)?;
-    let start = start.ensure(stream, 1)?;
-    let sorted = sorted.ensure(stream, 4)?;
-    let list = list.ensure(stream, if width > 32 { m * width } else { 1 })?;
-    let oi = out_idx.ensure(stream, m * width)?;
-    let (qs, m32) = (queries.stride as u64, m as u32);
-    let threads = if warp { m * 32 } else { m };
-    let cfg = LaunchConfig { grid_dim: (blocks(threads, b), 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
-    match kind {
-        QueryKind::Knn { k } => {
-            let od = out_d.ensure(stream, m * width)?;
-            let f = ctx.function("neighbors", &name)?;
-            let mut l = stream.launch_builder(&f);
-            l.arg(queries.data)
-                .arg(&qs)
-                .arg(&m32)
-                .arg(&*gp)
-                .arg(&*start)
-                .arg(&*sorted)
-                .arg(&k)
-                .arg(&mut *oi)
-                .arg(&mut *od)
-                .arg(&mut *list);
-            // SAFETY: matches `knn_*` in cuda/neighbors.cu; outputs hold m * k, list m * k when k > 32.
-            unsafe { l.launch(cfg) }?;
-        }
-        QueryKind::Ball { ns, radius, r2, rmin2, pad_first } => {
-            let oc = out_cnt.ensure(stream, m)?;
-            let f = ctx.function("neighbors", &name)?;
-            let mut l = stream.launch_builder(&f);
-            l.arg(queries.data)
-                .arg(&qs)
-                .arg(&m32)
-                .arg(&*gp)
-                .arg(&*start)
-                .arg(&*sorted)
-                .arg(&ns)
-                .arg(&radius)
-                .arg(&r2)
-                .arg(&rmin2)
-                .arg(&pad_first)
-                .arg(&mut *oi)
-                .arg(&mut *oc)
-                .arg(&mut *list);
-            // SAFETY: matches `ball_*` in cuda/neighbors.cu; outputs hold m * ns and m, list m * ns when ns > 32.
-            unsafe { l.launch(cfg) }?;
-        }
-    }
-    Ok(())
+    enqueue(ctx, s, points, queries, params.k, QueryKind::knn(params)?)
 }
 
 /// Enqueues a ball query; results stay in `scratch` ([`NeighborsScratch::indices`], [`NeighborsScratch::counts`]).
@@ -306,24 +352,7 @@ pub fn ball_query_enqueue(
     queries: DeviceXyz<'_>,
     params: &BallQueryParams,
 ) -> Result<(), GpuError> {
-    params.validate()?;
-    check_sizes(&points, &queries, params.nsample)?;
-    let (m, ns) = (queries.len, params.nsample);
-    s.rows = m;
-    s.width = ns;
-    if m == 0 {
-        return Ok(());
-    }
-    build_grid(ctx, s, points, 1, 0, params.radius)?;
-    s.last_kernel = list_kernel("ball", ns);
-    let kind = QueryKind::Ball {
-        ns: ns as u32,
-        radius: params.radius,
-        r2: params.radius * params.radius,
-        rmin2: params.min_radius * params.min_radius,
-        pad_first: (params.padding == BallPadding::FirstFound) as u32,
-    };
-    launch_query(ctx, s, queries, kind)
+    enqueue(ctx, s, points, queries, params.nsample, QueryKind::ball(params)?)
 }
 
 /// [`crate::ops::neighbors::knn`] on the device.

@@ -694,14 +694,20 @@ impl NeighborResult {
     }
 }
 
-/// A neighbour search as the pipeline publishes it: the indices (`width` per row), the real
-/// neighbours among them and the `neighborhoods` message ([`neighborhoods_message`]).
+/// A neighbour search as the pipeline publishes it: its shape (`rows` of `width` slots), the real
+/// neighbours among the slots and the `neighborhoods` message ([`neighborhoods_message`]).
 #[derive(Debug, Clone)]
 pub struct PublishedNeighbors {
-    pub indices: Vec<i32>,
+    pub rows: usize,
     pub width: usize,
     pub found: usize,
     pub message: CloudMessage,
+}
+
+/// Whether a ball-query row with `count` real neighbours holds no -1 (see [`ball_query`]): full,
+/// or padded with its first neighbour. Tells a message's is_dense from the counts alone.
+pub fn ball_row_full(count: u32, nsample: usize, padding: BallPadding) -> bool {
+    count as usize == nsample || (padding == BallPadding::FirstFound && count > 0)
 }
 
 /// Records written per task by [`for_each_record`].
