@@ -57,8 +57,10 @@ pub struct FpsScratch {
     cluster_plans: Vec<((usize, usize, usize), Option<ClusterShape>)>,
     /// Recorded behind the last launch.
     done: CudaEvent,
-    /// Recorded behind the clearing of a single-cloud launch's indices, which `poll` waits for.
+    /// Recorded behind the clearing of a single-cloud launch's indices, which `poll` waits for;
+    /// `indices_cleared`: the last launch's were cleared (a batch's are not).
     cleared: CudaEvent,
+    indices_cleared: bool,
     /// [`FpsScratch::wait_written`] copies one index at a time on `poll` into `probe` while FPS
     /// runs (the kernels do not publish their progress: any extra work in their loop slowed every
     /// step, see BENCHMARKS.md 2026-12-03 evening).
@@ -94,6 +96,7 @@ impl FpsScratch {
             cluster_plans: Vec::new(),
             done: ctx.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
             cleared: ctx.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+            indices_cleared: false,
             poll: ctx.ctx.new_stream()?,
             probe: PinnedWord::new(&ctx.ctx)?,
         })
@@ -107,6 +110,11 @@ impl FpsScratch {
     /// nothing else to do.
     pub fn wait_written(&mut self, ctx: &GpuContext, n: usize) -> Result<usize, GpuError> {
         let Some(last) = n.min(self.out_len).checked_sub(1) else { return Ok(0) };
+        if !self.indices_cleared {
+            // A batch: a stale index would pass for a written one; wait for the end.
+            self.done.synchronize()?;
+            return Ok(self.out_len);
+        }
         let addr = {
             let v = self.indices(ctx)?;
             // No event: reading an index while FPS writes the others is the point.
@@ -247,6 +255,7 @@ pub fn fps_enqueue(
     let counters = scratch.counters.ensure(stream, nb)?;
     stream.memset_zeros(&mut counters.slice_mut(..nb))?;
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    scratch.indices_cleared = nb == 1;
     if nb == 1 {
         clear_indices(stream, out, k, &scratch.cleared, &scratch.poll)?;
     }
@@ -449,6 +458,7 @@ pub fn launch_cluster(
         scratch.uploaded_offsets = offs;
     }
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
+    scratch.indices_cleared = nb == 1;
     if nb == 1 {
         clear_indices(stream, out, k, &scratch.cleared, &scratch.poll)?;
     }
