@@ -20,9 +20,7 @@ use crate::ops::detect::{keep_boxes, DetectParams, Detections};
 use crate::ops::fps::cuda::{fps_enqueue, FpsScratch};
 use crate::ops::fps::FpsParams;
 use crate::ops::neighbors::cuda::{launch_query, prepare, NeighborsScratch, QueryKind};
-use crate::ops::neighbors::{
-    ball_row_full, neighborhoods_message_in, BallPadding, BallQueryParams, KnnParams, PublishedNeighbors,
-};
+use crate::ops::neighbors::{ball_row_full, neighborhoods_message_in, BallQueryParams, KnnParams, PublishedNeighbors};
 use crate::ops::nms::cuda::DeviceNms;
 use crate::ops::nms::{validate_input, Box3d, NmsOutput, NmsParams};
 use crate::ops::voxel::cuda::GpuVoxelizer;
@@ -136,7 +134,6 @@ const SEARCH_CHUNK: usize = 256;
 struct PendingSearch {
     kind: QueryKind,
     rows: usize,
-    width: usize,
     /// Rows launched so far.
     launched: usize,
     /// Work on `stream` may still write into the buffers below.
@@ -161,26 +158,19 @@ impl Drop for PendingSearch {
 impl CudaBackend {
     /// Prepares a search of the first `queries` samples of the FPS in flight: the cell grid is
     /// built now (it needs the points only); the rows are launched by [`Self::launch_search`].
-    fn start_search(
-        &mut self,
-        points: &DevicePoints,
-        queries: usize,
-        width: usize,
-        kind: QueryKind,
-    ) -> Result<(), OpError> {
+    fn start_search(&mut self, points: &DevicePoints, queries: usize, kind: QueryKind) -> Result<(), OpError> {
         self.fault_point(FaultOp::Neighbors)?;
         self.search = None;
-        prepare(&self.ctx, &mut self.neighbors, points.xyz()?, queries, width, kind)?;
+        prepare(&self.ctx, &mut self.neighbors, points.xyz()?, queries, kind)?;
         let pool = &self.ctx.output_pool;
         self.search = Some(PendingSearch {
             kind,
             rows: queries,
-            width,
             launched: 0,
             in_flight: false,
             stream: self.neighbors.grid_stream().clone(),
             message: None,
-            tally: pool.take(4 * queries * if matches!(kind, QueryKind::Ball { .. }) { 1 } else { width }),
+            tally: pool.take(4 * queries * if matches!(kind, QueryKind::Ball { .. }) { 1 } else { kind.width() }),
         });
         Ok(())
     }
@@ -191,7 +181,7 @@ impl CudaBackend {
     fn launch_search(&mut self, points: &DevicePoints, header: &Header) -> Result<(), OpError> {
         let Self { ctx, fps, neighbors, queries, records, select_xyz, nbr_records, search, .. } = self;
         let Some(p) = search.as_mut() else { return Ok(()) };
-        let (rows, width) = (p.rows, p.width);
+        let (rows, width) = (p.rows, p.kind.width());
         let message = p
             .message
             .get_or_insert_with(|| neighborhoods_message_in(header, rows, width, |len| ctx.output_pool.take(len)));
@@ -438,7 +428,7 @@ impl Backend for CudaBackend {
         Ok((self.fps.download(ctx)?, message))
     }
     fn knn(&mut self, points: &DevicePoints, _: &(), queries: usize, params: &KnnParams) -> Result<(), OpError> {
-        self.start_search(points, queries, params.k, QueryKind::knn(params)?)
+        self.start_search(points, queries, QueryKind::knn(params)?)
     }
     fn ball_query(
         &mut self,
@@ -447,7 +437,7 @@ impl Backend for CudaBackend {
         queries: usize,
         params: &BallQueryParams,
     ) -> Result<(), OpError> {
-        self.start_search(points, queries, params.nsample, QueryKind::ball(params)?)
+        self.start_search(points, queries, QueryKind::ball(params)?)
     }
     fn neighbors_published(
         &mut self,
@@ -464,22 +454,18 @@ impl Backend for CudaBackend {
         p.in_flight = false;
         let words = p.tally.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")));
         let (found, dense) = match p.kind {
-            QueryKind::Ball { ns, pad_first, .. } => {
-                let padding = if pad_first != 0 { BallPadding::FirstFound } else { BallPadding::Minus1 };
-                words.fold((0, true), |(found, dense), c| {
-                    (found + c as usize, dense && ball_row_full(c, ns as usize, padding))
-                })
-            }
+            QueryKind::Ball { nsample, padding, .. } => words
+                .fold((0, true), |(found, dense), c| (found + c as usize, dense && ball_row_full(c, nsample, padding))),
             QueryKind::Knn { .. } => {
                 let found = words.filter(|&i| (i as i32) >= 0).count();
-                (found, found == p.rows * p.width)
+                (found, found == p.rows * p.kind.width())
             }
         };
         let Some(mut message) = p.message.take() else {
             return Err(GpuError::NoResult { op: "neighbors_published", result: "neighborhoods message" }.into());
         };
         message.set_dense(dense);
-        Ok(PublishedNeighbors { rows: p.rows, width: p.width, found, message })
+        Ok(PublishedNeighbors { rows: p.rows, width: p.kind.width(), found, message })
     }
 
     fn detect(&mut self, points: &DevicePoints, params: &DetectParams) -> Result<Detections, OpError> {

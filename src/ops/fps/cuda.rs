@@ -18,8 +18,7 @@ use super::{BatchedFps, FpsOutput, FpsParams};
 use crate::gpu::{DeviceXyz, GpuContext, GpuError, GrowBuffer, PinnedWord};
 use crate::ops::{ParamError, Validate};
 use cudarc::driver::{
-    result as drv, sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    result as drv, sys, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -129,6 +128,22 @@ impl FpsScratch {
                 return Ok(last + 1);
             }
         }
+    }
+
+    /// Before a launch of `nb` clouds of `k` samples: a single cloud's indices are set to -1 (in
+    /// `stream` order) and `poll` waits for that, so an index [`Self::wait_written`] or a reader
+    /// sees is this launch's once it is not -1.
+    fn clear_indices(&mut self, stream: &Arc<CudaStream>, nb: usize, k: usize) -> Result<(), GpuError> {
+        self.indices_cleared = nb == 1;
+        if nb == 1 {
+            let out = self.out.ensure(stream, k.max(1))?;
+            let (ptr, _write) = out.device_ptr_mut(stream);
+            // SAFETY: `out` holds at least k indices.
+            unsafe { drv::memset_d8_async(ptr, 0xff, 4 * k, stream.cu_stream()) }?;
+            self.cleared.record(stream)?;
+            self.poll.wait(&self.cleared)?;
+        }
+        Ok(())
     }
 
     /// The device result of the last [`fps_enqueue`]: `[B, K]` row-major local indices, -1 padded.
@@ -242,6 +257,7 @@ pub fn fps_enqueue(
     let cooperative = group > 1;
     scratch.last_plan = (name.clone(), group as u32);
 
+    scratch.clear_indices(stream, nb, k)?;
     let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
     let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
     if scratch.uploaded_offsets != offs {
@@ -255,10 +271,6 @@ pub fn fps_enqueue(
     let counters = scratch.counters.ensure(stream, nb)?;
     stream.memset_zeros(&mut counters.slice_mut(..nb))?;
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
-    scratch.indices_cleared = nb == 1;
-    if nb == 1 {
-        clear_indices(stream, out, k, &scratch.cleared, &scratch.poll)?;
-    }
     let p = FpsKernelParams {
         stride: points.stride as u64,
         num_clouds: nb as u32,
@@ -291,24 +303,6 @@ pub fn fps_enqueue(
         }
     }
     scratch.done.record(stream)?;
-    Ok(())
-}
-
-/// Sets the first `n` indices to -1 (in `stream` order, before the launch) and makes `poll` wait
-/// for that: an index [`FpsScratch::wait_written`] or a reader sees is then this launch's, once it
-/// is not -1.
-fn clear_indices(
-    stream: &CudaStream,
-    out: &mut CudaSlice<i32>,
-    n: usize,
-    cleared: &CudaEvent,
-    poll: &CudaStream,
-) -> Result<(), GpuError> {
-    let (ptr, _write) = out.device_ptr_mut(stream);
-    // SAFETY: `out` holds at least n indices.
-    unsafe { drv::memset_d8_async(ptr, 0xff, 4 * n, stream.cu_stream()) }?;
-    cleared.record(stream)?;
-    poll.wait(cleared)?;
     Ok(())
 }
 
@@ -451,6 +445,7 @@ pub fn launch_cluster(
     let g = shape.group;
     scratch.last_plan = (name.clone(), g as u32);
     scratch.out_len = nb * k;
+    scratch.clear_indices(stream, nb, k)?;
     let offs: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
     let offs_dev = scratch.offsets.ensure(stream, offs.len())?;
     if scratch.uploaded_offsets != offs {
@@ -458,10 +453,6 @@ pub fn launch_cluster(
         scratch.uploaded_offsets = offs;
     }
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
-    scratch.indices_cleared = nb == 1;
-    if nb == 1 {
-        clear_indices(stream, out, k, &scratch.cleared, &scratch.poll)?;
-    }
     let p = FpsKernelParams {
         stride: points.stride as u64,
         num_clouds: nb as u32,

@@ -215,25 +215,33 @@ fn check_sizes(points: usize, queries: usize, width: usize) -> Result<(), GpuErr
 /// A search's kind and its kernel parameters.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum QueryKind {
-    Knn { k: u32 },
-    Ball { ns: u32, radius: f32, r2: f32, rmin2: f32, pad_first: u32 },
+    Knn { k: usize },
+    Ball { nsample: usize, radius: f32, r2: f32, rmin2: f32, padding: BallPadding },
 }
 
 impl QueryKind {
     pub(crate) fn knn(params: &KnnParams) -> Result<Self, GpuError> {
         params.validate()?;
-        Ok(QueryKind::Knn { k: params.k.min(u32::MAX as usize) as u32 })
+        Ok(QueryKind::Knn { k: params.k })
     }
 
     pub(crate) fn ball(params: &BallQueryParams) -> Result<Self, GpuError> {
         params.validate()?;
         Ok(QueryKind::Ball {
-            ns: params.nsample.min(u32::MAX as usize) as u32,
+            nsample: params.nsample,
             radius: params.radius,
             r2: params.radius * params.radius,
             rmin2: params.min_radius * params.min_radius,
-            pad_first: (params.padding == BallPadding::FirstFound) as u32,
+            padding: params.padding,
         })
+    }
+
+    /// Slots per row: k, or nsample.
+    pub(crate) fn width(&self) -> usize {
+        match *self {
+            QueryKind::Knn { k } => k,
+            QueryKind::Ball { nsample, .. } => nsample,
+        }
     }
 }
 
@@ -244,9 +252,9 @@ pub(crate) fn prepare(
     s: &mut NeighborsScratch,
     points: DeviceXyz<'_>,
     rows: usize,
-    width: usize,
     kind: QueryKind,
 ) -> Result<(), GpuError> {
+    let width = kind.width();
     check_sizes(points.len, rows, width)?;
     s.rows = rows;
     s.width = width;
@@ -255,7 +263,7 @@ pub(crate) fn prepare(
     }
     match kind {
         QueryKind::Knn { k } => {
-            build_grid(ctx, s, points, 0, k, 0.0)?;
+            build_grid(ctx, s, points, 0, k as u32, 0.0)?;
             s.last_kernel = list_kernel("knn", width);
         }
         QueryKind::Ball { radius, .. } => {
@@ -295,23 +303,25 @@ pub(crate) fn launch_query(
     let list = list.ensure(stream, if width > 32 { rows * width } else { 1 })?;
     let mut list = if width > 32 { list.slice_mut(cells.clone()) } else { list.slice_mut(..) };
     let mut oi = out_idx.ensure(stream, rows * width)?.slice_mut(cells.clone());
-    let (qs, m32) = (qstride as u64, m as u32);
+    // Row width within u32: checked by `prepare`.
+    let (qs, m32, width32) = (qstride as u64, m as u32, width as u32);
     let threads = if warp { m * 32 } else { m };
     let cfg = LaunchConfig { grid_dim: (blocks(threads, b), 1, 1), block_dim: (b as u32, 1, 1), shared_mem_bytes: 0 };
     let f = ctx.function("neighbors", &name)?;
     let mut l = stream.launch_builder(&f);
     l.arg(qxyz).arg(&qs).arg(&m32).arg(&*gp).arg(&*start).arg(&*sorted);
     match kind {
-        QueryKind::Knn { k } => {
+        QueryKind::Knn { .. } => {
             let mut od = out_d.ensure(stream, rows * width)?.slice_mut(cells);
-            l.arg(&k).arg(&mut oi).arg(&mut od).arg(&mut list);
+            l.arg(&width32).arg(&mut oi).arg(&mut od).arg(&mut list);
             // SAFETY: matches `knn_*` in cuda/neighbors.cu; the outputs hold the m rows of k
             // (list too when k > 32), qxyz 3 columns of m queries.
             unsafe { l.launch(cfg) }?;
         }
-        QueryKind::Ball { ns, radius, r2, rmin2, pad_first } => {
+        QueryKind::Ball { radius, r2, rmin2, padding, .. } => {
             let mut oc = out_cnt.ensure(stream, rows)?.slice_mut(q0..q0 + m);
-            l.arg(&ns).arg(&radius).arg(&r2).arg(&rmin2).arg(&pad_first).arg(&mut oi).arg(&mut oc).arg(&mut list);
+            let pad_first = (padding == BallPadding::FirstFound) as u32;
+            l.arg(&width32).arg(&radius).arg(&r2).arg(&rmin2).arg(&pad_first).arg(&mut oi).arg(&mut oc).arg(&mut list);
             // SAFETY: matches `ball_*` in cuda/neighbors.cu; the outputs hold the m rows of ns
             // and m counts (list m * ns when ns > 32), qxyz 3 columns of m queries.
             unsafe { l.launch(cfg) }?;
@@ -326,10 +336,9 @@ fn enqueue(
     s: &mut NeighborsScratch,
     points: DeviceXyz<'_>,
     queries: DeviceXyz<'_>,
-    width: usize,
     kind: QueryKind,
 ) -> Result<(), GpuError> {
-    prepare(ctx, s, points, queries.len, width, kind)?;
+    prepare(ctx, s, points, queries.len, kind)?;
     launch_query(ctx, s, &ctx.stream, &queries.data.slice(..), queries.stride, 0, queries.len, kind)
 }
 
@@ -341,7 +350,7 @@ pub fn knn_enqueue(
     queries: DeviceXyz<'_>,
     params: &KnnParams,
 ) -> Result<(), GpuError> {
-    enqueue(ctx, s, points, queries, params.k, QueryKind::knn(params)?)
+    enqueue(ctx, s, points, queries, QueryKind::knn(params)?)
 }
 
 /// Enqueues a ball query; results stay in `scratch` ([`NeighborsScratch::indices`], [`NeighborsScratch::counts`]).
@@ -352,7 +361,7 @@ pub fn ball_query_enqueue(
     queries: DeviceXyz<'_>,
     params: &BallQueryParams,
 ) -> Result<(), GpuError> {
-    enqueue(ctx, s, points, queries, params.nsample, QueryKind::ball(params)?)
+    enqueue(ctx, s, points, queries, QueryKind::ball(params)?)
 }
 
 /// [`crate::ops::neighbors::knn`] on the device.
