@@ -24,10 +24,10 @@
 //   Mask, dense (small inputs, and inputs too dense for per-pair entries):
 //     nms_mask_*       one 64-thread block per (row tile, column tile >= row tile) of the upper
 //                      triangle in rank order: the same bits, non-zero words appended.
-//   nms_sweep       one block walks the row tiles in rank order: the tile's kept rows are resolved
-//                   from the removed word and the diagonal words, then the kept rows' entries are
-//                   OR-ed into the shared-memory 'removed' bitvector; the next tile's entries are
-//                   prefetched into registers meanwhile. Writes the keep list (input indices).
+//   nms_sweep       the greedy keep list as a fixed point, in rounds over the whole grid (a
+//                   cooperative launch): a row hit by a kept row is removed, a row hit by no kept
+//                   or unresolved row is kept; entries are OR-ed per round, each tile's rows
+//                   resolved by one warp from its diagonal words. Writes the keep list (input indices).
 //
 // The entry lists' order depends on scheduling, but the sweep only ORs them, so the keep list
 // is a function of the input alone. All arithmetic of the overlap tests uses
@@ -50,10 +50,8 @@ typedef unsigned int u32;
 #define KIND_AA 0
 #define KIND_ROT 1
 #define KIND_CIRCLE 2
-// Sweep: threads and prefetched entries per thread (entries per tile held in shared memory).
+// Sweep: threads per block of the cooperative sweep.
 #define SWEEP_THREADS 512
-#define SWEEP_PF 4
-#define SWEEP_EPT (SWEEP_THREADS * SWEEP_PF)
 
 #define FULL_MASK 0xffffffffu
 #define NMS_INF __int_as_float(0x7f800000)
@@ -706,185 +704,179 @@ MASK_GROUPED_KERNEL(nms_mask_grouped_rot, KIND_ROT)
 MASK_GROUPED_KERNEL(nms_mask_grouped_circle, KIND_CIRCLE)
 
 // ------------------------------------------------------------------------------------------
-// Sweep: one block. Dynamic shared memory: ent[2][SWEEP_EPT] (uint4), diag[2][64] (u64),
-// ord[2][64] (u32), removed[wtiles] (u64), tcnt[wtiles] (u32).
+// Sweep: the greedy keep list as a fixed point, resolved in rounds by the whole grid.
+//
+// A row (rank) is kept iff no kept higher rank suppresses it. Each round resolves every row whose
+// higher-ranked suppressors are all resolved, or one of which is kept: a row hit by a kept row is
+// removed; a row hit by no unresolved row (and by no kept one) is kept; any other row waits. The
+// rows resolved are exactly those of the serial sweep (the fixed point is unique), whatever the
+// scheduling; only the number of rounds depends on the input. The lowest tile holding an
+// unresolved row resolves completely in its round (nothing unresolved lies above it), so there are
+// at most as many rounds as row tiles, and 5-8 on the bench's 4k-50k box sets (a serial block
+// walk costs ~0.9 us per tile instead).
+//
+// Block b owns the row tiles b, b + G, ... (G blocks). A round: (1) one warp per owned tile with
+// unresolved rows walks its diagonal words in rank order, from `hit` (rows hit by kept rows) and
+// `pend` (rows hit by rows unresolved after the last round); (2) the block ORs the entries of its
+// tiles' newly kept rows into `hit` and of its still unresolved rows into the next round's `pend`
+// (in shared memory per column tile first, then one atomic per non-zero word); (3) a grid-wide
+// barrier (a cooperative launch, so every block is resident). `hit` may gain words during (1):
+// they come from rows that are kept, so they are final either way. A seed round pushes every
+// entry to pend[0] (nothing is resolved yet).
+//
+// Global scratch (u64 words, zeroed by the host): kept[wt], removed[wt], pushed[wt], hit[wt],
+// pend[3][wt] (round r reads pend[r % 3], writes pend[(r + 1) % 3] and zeroes pend[(r + 2) % 3]),
+// then 2 words holding u32 counters: [0] the barrier, [1..3] unresolved tiles of a round (by
+// round mod 3, zeroed one round ahead of their use). Dynamic shared memory: s_hit[wt], s_pend[wt].
 
-struct SweepRegs {
-    uint4 ent[SWEEP_PF];
-    u64 dg;
-    u32 cnt;
-    u32 ord;  // the row's input index (threads < 64): prefetched, so the keep list's store never waits on a load
-};
-
-// s_tcnt: the entry counts of all row tiles, in shared memory, so that only a tile's own entries
-// are read (a full prefetch of SWEEP_EPT entries per tile would cost the one block's L2 bandwidth).
-__device__ __forceinline__ void sweep_load(int T, int m, const u64* __restrict__ diag, const u32* s_tcnt,
-                                           const uint4* __restrict__ entries, int capt, const u32* __restrict__ order,
-                                           SweepRegs& g) {
-    const int tid = threadIdx.x;
-    g.cnt = s_tcnt[T];
-    const int lim = min(min(capt, SWEEP_EPT), (int)g.cnt);
-#pragma unroll
-    for (int q = 0; q < SWEEP_PF; ++q) {
-        int e = tid + q * SWEEP_THREADS;
-        g.ent[q] = e < lim ? entries[(size_t)T * capt + e] : make_uint4(0, 0, 0, 0);
-    }
-    g.dg = 0;
-    g.ord = 0;
-    if (tid < NMS_TILE) {
-        int r = T * NMS_TILE + tid;
-        if (r < m) {
-            g.dg = diag[r];
-            g.ord = order[r];
+__device__ __forceinline__ void sweep_grid_barrier(u32* ctr, u32& target) {
+    __syncthreads();
+    target += gridDim.x;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(ctr, 1u);
+        while (*((volatile u32*)ctr) < target) {
         }
-    }
-}
-
-__device__ __forceinline__ void sweep_store(const SweepRegs& g, uint4* s_ent, u64* s_diag, u32* s_ord, u32* s_nz,
-                                            u32* s_cnt) {
-    const int tid = threadIdx.x;
-    const u32 cnt = g.cnt;
-#pragma unroll
-    for (int q = 0; q < SWEEP_PF; ++q) {
-        int e = tid + q * SWEEP_THREADS;
-        if ((u32)e < cnt) s_ent[e] = g.ent[q];
-    }
-    if (tid < NMS_TILE) {
-        s_diag[tid] = g.dg;
-        s_ord[tid] = g.ord;
-        unsigned bal = __ballot_sync(FULL_MASK, g.dg != 0);
-        if ((tid & 31) == 0) s_nz[tid >> 5] = bal;
-    }
-    if (tid == 0) *s_cnt = cnt;
-}
-
-struct SweepShared {
-    uint4* ent;    // [2][EPT]
-    u64* diag;     // [2][64]
-    u32* ord;      // [2][64]
-    u64* removed;  // [wtiles]
-    u32* tcnt;     // [wtiles]
-};
-
-// One row tile. P holds tile T+1 (loaded one tile earlier), F is free and receives tile T+2,
-// so every load has two tiles' time to arrive. Returns the (block-uniform) stop flag.
-__device__ __forceinline__ bool sweep_tile(int T, int nt, int m, int post, const u64* __restrict__ diag,
-                                           const uint4* __restrict__ entries,
-                                           int capt, const u32* __restrict__ order, u32* __restrict__ out,
-                                           SweepShared sh, u32 (*s_nz)[2], u32* s_cnt, u64* s_kept, int* s_base,
-                                           int* s_kc, int* s_stop, SweepRegs& P, SweepRegs& F) {
-    const int tid = threadIdx.x;
-    const int cur = T & 1, nxt = cur ^ 1;
-    if (T + 2 < nt) sweep_load(T + 2, m, diag, sh.tcnt, entries, capt, order, F);
-    if (tid == 0) {
-        const int rows = min(NMS_TILE, m - T * NMS_TILE);
-        const u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
-        const u64 nz = (u64)s_nz[cur][0] | ((u64)s_nz[cur][1] << 32);
-        const u64* dg = sh.diag + cur * NMS_TILE;
-        u64 rem = sh.removed[T];
-        // Only kept rows with a non-zero diagonal word change `rem`; a row's bit is final
-        // once every lower row was visited (bits are only set above the setting row).
-        u64 act = valid & ~rem & nz;
-        while (act) {
-            int r = __ffsll((long long)act) - 1;
-            rem |= dg[r];
-            u64 above = r == 63 ? 0ull : (~0ull << (r + 1));
-            act = valid & ~rem & nz & above;
-        }
-        u64 kept = valid & ~rem;
-        int kc = *s_kc;
-        int k = __popcll(kept);
-        if (kc + k >= post) {
-            int need = post - kc;
-            u64 kk = 0;
-            for (int q = 0; q < need; ++q) {
-                u64 low = kept & (~kept + 1ull);
-                kk |= low;
-                kept ^= low;
-            }
-            kept = kk;
-            k = need;
-            *s_stop = 1;
-        }
-        *s_kept = kept;
-        *s_base = kc;
-        *s_kc = kc + k;
+        __threadfence();
     }
     __syncthreads();
-    const u64 kept = *s_kept;
-    const int stop = *s_stop;
-    if (tid < NMS_TILE && ((kept >> tid) & 1ull)) {
-        int pos = *s_base + __popcll(kept & ((1ull << tid) - 1ull));
-        out[4 + pos] = sh.ord[cur * NMS_TILE + tid];
-    }
-    if (kept != 0 && !stop) {
-        const u32 cnt = min(s_cnt[cur], (u32)capt);
-        const uint4* se = sh.ent + cur * SWEEP_EPT;
-        const u32 inreg = min(cnt, (u32)SWEEP_EPT);
-        for (u32 e = tid; e < inreg; e += SWEEP_THREADS) {
-            uint4 v = se[e];
-            if ((kept >> v.x) & 1ull) atomicOr(&sh.removed[v.y], (u64)v.z | ((u64)v.w << 32));
-        }
-        for (u32 e = SWEEP_EPT + tid; e < cnt; e += SWEEP_THREADS) {
-            uint4 v = entries[(size_t)T * capt + e];
-            if ((kept >> v.x) & 1ull) atomicOr(&sh.removed[v.y], (u64)v.z | ((u64)v.w << 32));
-        }
-    }
-    if (T + 1 < nt)
-        sweep_store(P, sh.ent + nxt * SWEEP_EPT, sh.diag + nxt * NMS_TILE, sh.ord + nxt * NMS_TILE, s_nz[nxt], &s_cnt[nxt]);
-    __syncthreads();
-    return stop != 0;
 }
 
-// out: [0] kept count, [1] candidates m, [2..3] spare, then the keep list (input indices).
+__device__ __forceinline__ u64 tile_valid(int T, int m) {
+    const int rows = min(NMS_TILE, m - T * NMS_TILE);
+    return rows >= 64 ? ~0ull : ((1ull << rows) - 1ull);
+}
+
+// Step (2) of a round for the block's tiles: entries of rows kept since the last push go to
+// hit, of unresolved rows to pend_next. Every thread of the block calls it (barriers inside).
+__device__ __forceinline__ void sweep_push(int nt, int m, const u32* __restrict__ tilecnt,
+                                           const uint4* __restrict__ entries, int capt, const u64* kept,
+                                           const u64* removed, u64* pushed, u64* hit, u64* pend_next,
+                                           u64* s_hit, u64* s_pend) {
+    const int tid = threadIdx.x;
+    bool any = false;
+    for (int T = blockIdx.x; T < nt; T += gridDim.x) {
+        const u64 k = __ldcg(&kept[T]);
+        const u64 newk = k & ~__ldcg(&pushed[T]);
+        const u64 unk = tile_valid(T, m) & ~k & ~__ldcg(&removed[T]);
+        if ((newk | unk) == 0) continue;
+        any = true;
+        const u32 cnt = min(tilecnt[T], (u32)capt);
+        for (u32 e = tid; e < cnt; e += SWEEP_THREADS) {
+            const uint4 v = __ldg(&entries[(size_t)T * capt + e]);
+            const u64 w = (u64)v.z | ((u64)v.w << 32);
+            if ((newk >> v.x) & 1ull) atomicOr(&s_hit[v.y], w);
+            else if ((unk >> v.x) & 1ull) atomicOr(&s_pend[v.y], w);
+        }
+    }
+    if (__syncthreads_or(any)) {
+        // After the barrier: every warp has read the old `pushed` word above.
+        for (int T = blockIdx.x + tid * gridDim.x; T < nt; T += SWEEP_THREADS * gridDim.x)
+            __stcg(&pushed[T], __ldcg(&kept[T]));
+        for (int w = tid; w < nt; w += SWEEP_THREADS) {
+            if (s_hit[w]) atomicOr(&hit[w], s_hit[w]);
+            if (s_pend[w]) atomicOr(&pend_next[w], s_pend[w]);
+            s_hit[w] = 0;
+            s_pend[w] = 0;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SWEEP_THREADS)
 nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __restrict__ diag,
           const u32* __restrict__ tilecnt, const uint4* __restrict__ entries, int capt,
-          const u32* __restrict__ order, u32* __restrict__ out) {
+          const u32* __restrict__ order, u64* scratch, int wt, u32* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem[];
-    SweepShared sh;
-    sh.ent = reinterpret_cast<uint4*>(smem);
-    sh.diag = reinterpret_cast<u64*>(smem + 2 * SWEEP_EPT * sizeof(uint4));
-    sh.ord = reinterpret_cast<u32*>(sh.diag + 2 * NMS_TILE);
-    sh.removed = reinterpret_cast<u64*>(sh.ord + 2 * NMS_TILE);
-    __shared__ u32 s_nz[2][2];
-    __shared__ u32 s_cnt[2];
-    __shared__ u64 s_kept;
-    __shared__ int s_base;
-    __shared__ int s_kc;
-    __shared__ int s_stop;
+    u64* s_hit = reinterpret_cast<u64*>(smem);
+    u64* s_pend = s_hit + wt;
+    __shared__ u32 s_warp[SWEEP_THREADS / 32];
+    __shared__ u32 s_total;
+
+    u64* kept = scratch;
+    u64* removed = kept + wt;
+    u64* pushed = removed + wt;
+    u64* hit = pushed + wt;
+    u64* pend = hit + wt;  // [3][wt]
+    u32* sync = reinterpret_cast<u32*>(pend + 3 * wt);
+    u32* unresolved = sync + 1;  // [3]
 
     const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
     const int m = min((int)counters[0], pre);
     const int nt = (m + NMS_TILE - 1) / NMS_TILE;
-    sh.tcnt = reinterpret_cast<u32*>(sh.removed + nt);
+    u32 target = 0;
     for (int w = tid; w < nt; w += SWEEP_THREADS) {
-        sh.removed[w] = 0;
-        sh.tcnt[w] = tilecnt[w];
-    }
-    if (tid == 0) {
-        s_kc = 0;
-        s_stop = 0;
+        s_hit[w] = 0;
+        s_pend[w] = 0;
     }
     __syncthreads();
-    SweepRegs ga, gb;
-    if (nt > 0) {
-        sweep_load(0, m, diag, sh.tcnt, entries, capt, order, ga);
-        sweep_store(ga, sh.ent, sh.diag, sh.ord, s_nz[0], &s_cnt[0]);
+    sweep_push(nt, m, tilecnt, entries, capt, kept, removed, pushed, hit, pend, s_hit, s_pend);
+    sweep_grid_barrier(sync, target);
+    for (int round = 0;; ++round) {
+        const u64* pend_now = pend + (round % 3) * wt;
+        // (1) Rows in rank order, each row's bit final once every lower row with a non-zero
+        // diagonal word is visited (diagonal bits are set above their row only).
+        for (int T = blockIdx.x + warp * gridDim.x; T < nt; T += (SWEEP_THREADS / 32) * gridDim.x) {
+            u64 k = __ldcg(&kept[T]);
+            u64 r = __ldcg(&removed[T]);
+            const u64 unk = tile_valid(T, m) & ~k & ~r;
+            if (unk == 0) continue;
+            const u64 d0 = diag[(size_t)T * NMS_TILE + lane];
+            const u64 d1 = diag[(size_t)T * NMS_TILE + 32 + lane];
+            const u64 nz = (u64)__ballot_sync(FULL_MASK, d0 != 0) | ((u64)__ballot_sync(FULL_MASK, d1 != 0) << 32);
+            u64 rem = __ldcg(&hit[T]);
+            u64 pen = __ldcg(&pend_now[T]) & ~rem;
+            u64 act = (unk | k) & nz;
+            while (act) {
+                const int row = __ffsll((long long)act) - 1;
+                const u64 d = __shfl_sync(FULL_MASK, row < 32 ? d0 : d1, row & 31);
+                const u64 bit = 1ull << row;
+                if ((k & bit) || !((rem | pen) & bit)) {
+                    k |= bit;  // kept before, or now: nothing kept or unresolved above hits it
+                    rem |= d;
+                } else if (!(rem & bit)) {
+                    pen |= d;  // waits: its rows wait with it
+                }
+                pen &= ~rem;
+                const u64 above = row == 63 ? 0ull : (~0ull << (row + 1));
+                act &= above;
+            }
+            k |= unk & ~rem & ~pen;
+            r |= unk & rem;
+            if (lane == 0) {
+                __stcg(&kept[T], k);
+                __stcg(&removed[T], r);
+                if (unk & pen) atomicAdd(&unresolved[round % 3], 1u);
+            }
+        }
+        for (int T = blockIdx.x + tid * gridDim.x; T < nt; T += SWEEP_THREADS * gridDim.x)
+            pend[((round + 2) % 3) * wt + T] = 0;
+        if (blockIdx.x == 0 && tid == 0) unresolved[(round + 1) % 3] = 0;
+        __syncthreads();
+        // (2) Push for the next round, (3) the barrier.
+        sweep_push(nt, m, tilecnt, entries, capt, kept, removed, pushed, hit, pend + ((round + 1) % 3) * wt, s_hit,
+                   s_pend);
+        sweep_grid_barrier(sync, target);
+        if (*((volatile u32*)&unresolved[round % 3]) == 0) break;
     }
-    if (nt > 1) sweep_load(1, m, diag, sh.tcnt, entries, capt, order, gb);
-    __syncthreads();
-    for (int T = 0; T < nt; T += 2) {
-        if (sweep_tile(T, nt, m, post, diag, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept, &s_base,
-                       &s_kc, &s_stop, gb, ga))
-            break;
-        if (T + 1 >= nt) break;
-        if (sweep_tile(T + 1, nt, m, post, diag, entries, capt, order, out, sh, s_nz, s_cnt, &s_kept,
-                       &s_base, &s_kc, &s_stop, ga, gb))
-            break;
+    // The keep list in rank order: block 0 scans the tiles' kept counts; the first `post` rows.
+    if (blockIdx.x != 0) return;
+    u32 base = 0;
+    for (int T0 = 0; T0 < nt; T0 += SWEEP_THREADS) {
+        const int T = T0 + tid;
+        const u64 k = T < nt ? __ldcg(&kept[T]) : 0ull;
+        const u32 pos = base + lk_block_excl_scan<SWEEP_THREADS / 32>((u32)__popcll(k), s_warp, &s_total);
+        u64 left = k;
+        for (u32 q = pos; left && q < (u32)post; ++q) {
+            const int row = __ffsll((long long)left) - 1;
+            left &= left - 1ull;
+            out[4 + q] = order[T * NMS_TILE + row];
+        }
+        base += s_total;
     }
     if (tid == 0) {
-        out[0] = (u32)s_kc;
+        out[0] = min(base, (u32)post);
         out[1] = (u32)m;
     }
 }

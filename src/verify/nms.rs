@@ -60,7 +60,7 @@ pub fn random_boxes(seed: u64, n: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
 }
 
 /// `n` boxes in `clusters` tight clusters (centres within 2 cm, sizes within 1 %), distinct scores.
-fn clustered_boxes(seed: u64, n: usize, clusters: usize) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
+fn clustered_boxes(seed: u64, n: usize, clusters: usize, spread: f32) -> (Vec<Box3d>, Vec<f32>, Vec<i32>) {
     let mut r = Rng::new(seed ^ 0x636c_7573_7465_7273);
     let centres: Vec<(f32, f32, f32)> =
         (0..clusters).map(|_| (r.f32(-60.0, 60.0), r.f32(-60.0, 60.0), r.f32(-3.1, 3.1))).collect();
@@ -68,13 +68,13 @@ fn clustered_boxes(seed: u64, n: usize, clusters: usize) -> (Vec<Box3d>, Vec<f32
         .map(|i| {
             let (x, y, yaw) = centres[i % clusters];
             Box3d::new(
-                x + r.f32(-0.01, 0.01),
-                y + r.f32(-0.01, 0.01),
+                x + r.f32(-spread, spread),
+                y + r.f32(-spread, spread),
                 0.0,
                 4.0 * r.f32(0.995, 1.005),
                 1.8 * r.f32(0.995, 1.005),
                 1.6,
-                yaw + r.f32(-0.01, 0.01),
+                yaw + r.f32(-spread, spread) * 0.2,
             )
         })
         .collect();
@@ -213,15 +213,18 @@ pub fn check_sizes(
     // Dense clusters: every box of a cluster suppresses the cluster's lower-ranked boxes, so the
     // grouped mask's per-pair entries outgrow the first capacity (n = 20000, 100 clusters: a
     // rerun with a larger one) or the dense mask's words (3000 copies of one box: the dense rerun).
-    for (n, clusters) in [(20_000, 100), (3000, 1)] {
-        let (boxes, scores, classes) = clustered_boxes(seed, n, clusters);
+    // Detector-like sets (300 objects, boxes spread over +-0.5 m, objects interleaved in score
+    // order): chains of partial overlaps, so the sweep needs several rounds and every row tile
+    // holds entries of rows that resolve in different rounds.
+    for (n, clusters, spread) in [(20_000, 100, 0.01), (3000, 1, 0.01), (20_000, 300, 0.5), (50_000, 300, 0.5)] {
+        let (boxes, scores, classes) = clustered_boxes(seed, n, clusters, spread);
         for kind in kinds {
             let params = NmsParams::new(kind, default_threshold(kind));
             rows.push(compare_row(
                 ctx,
                 &mut dev,
                 kind_name(kind),
-                format!("{clusters} clusters of {} boxes", n / clusters),
+                format!("{clusters} clusters of {} boxes, spread {spread} m", n / clusters),
                 &boxes,
                 &scores,
                 &classes,

@@ -20,10 +20,12 @@
 //!    tile) of the upper triangle in rank order, one entry per non-zero word. Either way the
 //!    same-tile words go to a dense `diag` array and the other entries are appended to their row
 //!    tile's list (sparse: 20k boxes need MBs, not the 50 MB of a full mask).
-//! 4. **sweep**: one block walks the row tiles in rank order with the `removed` bitvector in
-//!    shared memory: a tile's kept rows follow from its removed word and the diagonal words (only
-//!    kept rows with a non-zero diagonal word are visited), then the kept rows' entries are OR-ed
-//!    into `removed`; the next tile's entries are prefetched meanwhile. `post_max_size` stops it.
+//! 4. **sweep**: the greedy keep list as the fixed point it is (a rank is kept iff no kept higher
+//!    rank suppresses it), resolved in rounds by every block of a cooperative launch: a rank hit
+//!    by a kept rank is removed, a rank hit by no kept or unresolved rank is kept, the others
+//!    wait. The fixed point is unique, so the keep list is the serial sweep's whatever the
+//!    scheduling; the lowest tile with unresolved ranks resolves in each round, so there are at
+//!    most as many rounds as tiles (5-8 on the bench's box sets). `post_max_size` cuts the list.
 //! 5. the kept input indices and their count are the only data copied back.
 //!
 //! A row tile whose entries exceed the list capacity is detected (an overflow counter); the run
@@ -53,9 +55,12 @@ pub const DENSE_MAX_TILES: usize = 64;
 /// Above this many row tiles (262,144 candidates) the dense mask runs too: the grouped mask's
 /// list of group pairs is sized for every pair (8 bytes each, 64 MiB here).
 pub const GROUPED_MAX_TILES: usize = 4096;
-/// Must match SWEEP_THREADS / SWEEP_EPT in cuda/nms.cu.
+/// Must match SWEEP_THREADS in cuda/nms.cu.
 const SWEEP_THREADS: u32 = 512;
-const SWEEP_EPT: usize = 2048;
+/// The sweep's u64 scratch words per tile (kept, removed, pushed, hit, three pend) and its counter
+/// words (cuda/nms.cu, `nms_sweep`).
+const SWEEP_WORDS_PER_TILE: usize = 7;
+const SWEEP_SYNC_WORDS: usize = 2;
 /// Initial entry capacity per row tile (grows when a run overflows it).
 const INITIAL_TILE_CAPACITY: usize = 4096;
 /// Row tiles are limited so that the triangular mask grid fits a 1D grid (< 2^31 blocks).
@@ -83,6 +88,7 @@ pub struct DeviceNms {
     entries: GrowBuffer<u32>,
     counters: GrowBuffer<u32>,
     out: GrowBuffer<u32>,
+    sweep_scratch: GrowBuffer<u64>,
     tile_capacity: usize,
     smem_attr: usize,
     /// Runs repeated because a row tile's entry list overflowed.
@@ -141,6 +147,7 @@ impl DeviceNms {
             entries: GrowBuffer::new(s, 0)?,
             counters: GrowBuffer::new(s, COUNTERS)?,
             out: GrowBuffer::new(s, 4)?,
+            sweep_scratch: GrowBuffer::new(s, 0)?,
             tile_capacity: INITIAL_TILE_CAPACITY,
             smem_attr: 0,
             reruns: 0,
@@ -362,7 +369,7 @@ impl DeviceNms {
         // 4. sweep
         {
             let f = ctx.function("nms", "nms_sweep")?;
-            let smem = 2 * SWEEP_EPT * 16 + 2 * TILE * (8 + 4) + wt.max(1) * (8 + 4);
+            let smem = 2 * 8 * wt.max(1);
             if smem > self.smem_attr {
                 let max =
                     ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
@@ -382,13 +389,23 @@ impl DeviceNms {
                 )?;
                 self.smem_attr = smem.max(48 * 1024);
             }
+            let words = SWEEP_WORDS_PER_TILE * wt.max(1) + SWEEP_SYNC_WORDS;
+            let scratch = self.sweep_scratch.ensure(s, words)?;
+            s.memset_zeros(&mut scratch.slice_mut(..words))?;
             let mut l = s.launch_builder(&f);
             l.arg(&*counters).arg(&pre_i).arg(&post_i).arg(&*diag).arg(&*tilecnt).arg(&*entries).arg(&capt_i);
-            l.arg(&*order).arg(&mut *out);
-            let cfg =
-                LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SWEEP_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
-            // SAFETY: matches nms_sweep; out >= 4 + pre; shared memory as laid out in the kernel.
-            unsafe { l.launch(cfg) }?;
+            l.arg(&*order).arg(&mut *scratch).arg(&wt_i).arg(&mut *out);
+            // One block per SM at most, so that a cooperative launch always finds them resident.
+            let blocks = wt.clamp(1, ctx.sm_count.max(1) as usize) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (SWEEP_THREADS, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: matches nms_sweep; out >= 4 + pre; scratch holds 7 * wt + 2 zeroed words; shared
+            // memory 2 * wt words. The cooperative launch guarantees the co-residency of the blocks
+            // that its grid-wide barriers need.
+            unsafe { l.launch_cooperative(cfg) }?;
         }
         if let Some(t) = timer {
             t.stage("sweep")?;
