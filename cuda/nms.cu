@@ -11,26 +11,23 @@
 //   nms_prep        candidates with rank < pre_max_size: order[rank] = i and the kind's per-box
 //                   preparation (exact f32, see ops/nms/mod.rs) stored by rank; the bounds of the
 //                   box centres.
-//   Mask, grouped (the default; src/ops/nms/cuda.rs says when the dense mask runs instead):
+//   Groups of 64 boxes: spatially compact ones (the default; src/ops/nms/cuda.rs says when the
+//   rank tiles are used instead):
 //     nms_morton       a Morton key of each candidate's centre, sorted with the two kernels above,
 //     nms_groups       so that groups of 64 consecutive boxes in that order are spatially compact:
 //                      each group's culling rectangle, its boxes' prep and score ranks in that order.
 //     nms_group_pairs  the pairs of groups whose rectangles can hold a suppressing pair (two boxes
 //                      far apart never suppress each other, and the score order alone gives no
-//                      such locality);
-//     nms_mask_grouped blocks stride over those pairs: every suppressing box pair sets bit
-//                      (row = higher rank, column = lower rank). Same-tile bits go to diag[row];
-//                      the others are appended to the row tile's entry list.
-//   Mask, dense (small inputs, and inputs too dense for per-pair entries):
-//     nms_mask_*       one 64-thread block per (row tile, column tile >= row tile) of the upper
-//                      triangle in rank order: the same bits, non-zero words appended.
+//                      such locality); with rank tiles, every pair of tiles.
+//   nms_mask_*      blocks stride over those pairs: a 64 x 64 bit block per pair, where row b
+//                   holds the boxes of the other group that suppress box b (each pair tested once,
+//                   as (higher rank, lower rank)); the blocks with a bit set are listed.
 //   nms_sweep       the greedy keep list as a fixed point, in rounds over the whole grid (a
-//                   cooperative launch): a row hit by a kept row is removed, a row hit by no kept
-//                   or unresolved row is kept; entries are OR-ed per round, each tile's rows
-//                   resolved by one warp from its diagonal words. Writes the keep list (input indices).
+//                   cooperative launch): a box suppressed by a kept box is removed, a box that no
+//                   kept or unresolved box suppresses is kept. Writes the keep list (input indices).
 //
-// The entry lists' order depends on scheduling, but the sweep only ORs them, so the keep list
-// is a function of the input alone. All arithmetic of the overlap tests uses
+// The live blocks' order depends on scheduling, but the sweep only ORs over them, so the keep
+// list is a function of the input alone. All arithmetic of the overlap tests uses
 // __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never contracted into FMA, whatever the flags) in the
 // exact order of the CPU reference.
 
@@ -269,16 +266,17 @@ __device__ __forceinline__ u32 desc_score_key(float s) {
     return ~ord_f32(__uint_as_float(s == 0.0f ? 0u : __float_as_uint(s)));  // -0.0 and +0.0 tie
 }
 
-// counters (zeroed by the host): [0] candidates, [1] largest entry count of an overflowing tile,
-// [2] interacting group pairs (grouped mask), [3] spare, [4..7] bounds of the candidates' centres
+// counters (zeroed by the host): [0] candidates, [1] live pair blocks of the mask, [2] listed
+// group pairs, [3] spare, [4..7] bounds of the candidates' centres
 // as ordered words (see ord_f32): [4] ~min x, [5] max x, [6] ~min y, [7] max y (0 = none yet, so
 // every bound is an atomicMax).
+#define CTR_LIVE 1
 #define CTR_PAIRS 2
 #define CTR_BOUNDS 4
 
 extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
 nms_keys(const float* __restrict__ scores, int n, float score_threshold, u64* __restrict__ keys,
-         u32* __restrict__ tilecnt, int ntiles, u32* __restrict__ counters) {
+         u32* __restrict__ counters) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     bool cand = false;
     if (i < n) {
@@ -286,7 +284,6 @@ nms_keys(const float* __restrict__ scores, int n, float score_threshold, u64* __
         cand = s >= score_threshold;
         keys[i] = cand ? (((u64)desc_score_key(s) << 32) | (u64)(u32)i) : ~0ull;
     }
-    if (i < ntiles) tilecnt[i] = 0;
     unsigned bal = __ballot_sync(FULL_MASK, cand);
     if ((threadIdx.x & 31) == 0 && bal) atomicAdd(&counters[0], (u32)__popc(bal));
 }
@@ -453,15 +450,13 @@ __device__ __forceinline__ float4 cull_rect(const float* p, int kind) {
 }
 
 // Block g (64 threads): the boxes at spatial positions 64g.. : prep and score rank in that order,
-// the group's rectangle (x lo, x hi, y lo, y hi over its boxes), and diag zeroed for the mask.
+// the group's rectangle (x lo, x hi, y lo, y hi over its boxes).
 extern "C" __global__ void __launch_bounds__(NMS_TILE)
 nms_groups(const float* __restrict__ prep, const u32* __restrict__ sp, const u32* __restrict__ counters, int pre,
-           int kind, float* __restrict__ sprep, u32* __restrict__ srank, float4* __restrict__ gbox,
-           u64* __restrict__ diag) {
+           int kind, float* __restrict__ sprep, u32* __restrict__ srank, float4* __restrict__ gbox) {
     __shared__ float4 s_rect[NMS_TILE / 32];
     const int m = min((int)counters[0], pre);
     const int pos = blockIdx.x * NMS_TILE + threadIdx.x;
-    diag[pos] = 0;
     float4 q = make_float4(NMS_INF, -NMS_INF, NMS_INF, -NMS_INF);
     if (pos < m) {
         const u32 r = sp[pos];
@@ -488,102 +483,7 @@ nms_groups(const float* __restrict__ prep, const u32* __restrict__ sp, const u32
 }
 
 // ------------------------------------------------------------------------------------------
-// Mask.
-
-__device__ __forceinline__ long long tri_start(long long i, long long w) { return i * w - i * (i - 1) / 2; }
-
-template <int KIND>
-__device__ __forceinline__ void mask_tile(const float* __restrict__ prep, const u32* __restrict__ counters, int pre,
-                                          int wtiles, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,
-                                          uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {
-    __shared__ float cols[NMS_TILE * PREP_STRIDE];
-    // Block -> (row tile i, column tile j >= i) of the upper triangle, row-major.
-    long long b = blockIdx.x;
-    double w2 = 2.0 * wtiles + 1.0;
-    long long i = (long long)((w2 - sqrt(w2 * w2 - 8.0 * (double)b)) * 0.5);
-    if (i < 0) i = 0;
-    if (i > wtiles - 1) i = wtiles - 1;
-    while (i > 0 && tri_start(i, wtiles) > b) --i;
-    while (i + 1 < wtiles && tri_start(i + 1, wtiles) <= b) ++i;
-    long long j = i + (b - tri_start(i, wtiles));
-
-    const int m = min((int)counters[0], pre);
-    if (i * NMS_TILE >= m || j * NMS_TILE >= m) return;  // uniform over the block
-    const int tid = threadIdx.x;
-    const int r = (int)(i * NMS_TILE) + tid;
-    const int c0 = (int)(j * NMS_TILE);
-    const int ncols = min(NMS_TILE, m - c0);
-    for (int e = tid; e < ncols * PREP_STRIDE; e += NMS_BLOCK) cols[e] = prep[(size_t)c0 * PREP_STRIDE + e];
-    float a[PREP_STRIDE];
-    if (r < m) {
-#pragma unroll
-        for (int k = 0; k < PREP_STRIDE; ++k) a[k] = prep[(size_t)r * PREP_STRIDE + k];
-    }
-    const int k0 = (i == j) ? tid + 1 : 0;
-    u64 word = 0;
-    if (KIND == KIND_ROT) {
-        __shared__ float rows[NMS_TILE * PREP_STRIDE];
-        __shared__ u64 s_word[NMS_TILE];
-        __shared__ unsigned short queue[NMS_TILE * ROT_CHUNK];
-        __shared__ u32 s_qn;
-        const int rows_here = min(NMS_TILE, m - (int)(i * NMS_TILE));
-        for (int e = tid; e < rows_here * PREP_STRIDE; e += NMS_BLOCK) rows[e] = prep[(size_t)(i * NMS_TILE) * PREP_STRIDE + e];
-        s_word[tid] = 0;
-        if (tid == 0) s_qn = 0;
-        __syncthreads();
-        rot_pairs(a, __float_as_int(a[PREP_CLS]), r < m, cols, ncols, k0, t, queue, &s_qn, [&](int row, int k) {
-            if (rot_iou_exact(&rows[row * PREP_STRIDE], &cols[k * PREP_STRIDE]) > t) atomicOr(&s_word[row], 1ull << k);
-        });
-        word = s_word[tid];
-        if (r >= m) word = 0;
-    } else {
-        __syncthreads();
-        if (r < m) {
-            const int acls = __float_as_int(a[PREP_CLS]);
-            for (int k = k0; k < ncols; ++k) {
-                const float* bb = &cols[k * PREP_STRIDE];
-                if (__float_as_int(bb[PREP_CLS]) != acls) continue;
-                bool s;
-                if (KIND == KIND_AA) s = aa_suppresses(a, bb, t);
-                else s = circle_suppresses(a, bb, t);
-                if (s) word |= 1ull << k;
-            }
-        }
-    }
-    if (i == j) {
-        if (r < m) diag[r] = word;
-        return;
-    }
-    const bool nz = word != 0;
-    const unsigned bal = __ballot_sync(FULL_MASK, nz);
-    const int lane = tid & 31;
-    u32 base = 0;
-    if (lane == 0 && bal) base = atomicAdd(&tilecnt[i], (u32)__popc(bal));
-    base = __shfl_sync(FULL_MASK, base, 0);
-    if (nz) {
-        u32 pos = base + (u32)__popc(bal & ((1u << lane) - 1u));
-        if (pos < (u32)capt) {
-            entries[(size_t)i * capt + pos] = make_uint4((u32)tid, (u32)j, (u32)(word & 0xffffffffull), (u32)(word >> 32));
-        } else {
-            atomicMax(overflow, pos + 1);
-        }
-    }
-}
-
-#define MASK_KERNEL(NAME, KIND)                                                                                \
-    extern "C" __global__ void __launch_bounds__(NMS_BLOCK)                                                    \
-    NAME(const float* __restrict__ prep, const u32* __restrict__ counters, int pre, int wtiles, float t,        \
-         u64* __restrict__ diag, u32* __restrict__ tilecnt, uint4* __restrict__ entries, int capt,             \
-         u32* __restrict__ overflow) {                                                                          \
-        mask_tile<KIND>(prep, counters, pre, wtiles, t, diag, tilecnt, entries, capt, overflow);               \
-    }
-
-MASK_KERNEL(nms_mask_aa, KIND_AA)
-MASK_KERNEL(nms_mask_rot, KIND_ROT)
-MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
-
-// ------------------------------------------------------------------------------------------
-// Grouped mask.
+// Mask: one 64 x 64 block of the suppression relation per pair of groups.
 
 // Whether two groups' rectangles can hold a suppressing pair. aa / rotated: both pre-filters need
 // fminf(a.hi, b.hi) > fmaxf(a.lo, b.lo) on each axis, impossible when one group's lowest lo is not
@@ -598,60 +498,53 @@ __device__ __forceinline__ bool groups_interact(float4 g, float4 h, float tt) {
     return g.x < h.y && h.x < g.y && g.z < h.w && h.z < g.w;
 }
 
-// Rank r suppresses rank c (r < c): the bit goes to diag[r] in the same tile, else an entry.
-__device__ __forceinline__ void emit_bit(u32 r, u32 c, u64* __restrict__ diag, u32* __restrict__ tilecnt,
-                                         uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {
-    const u32 rt = r / NMS_TILE, ct = c / NMS_TILE;
-    const u64 bit = 1ull << (c % NMS_TILE);
-    if (rt == ct) {
-        atomicOr(&diag[r], bit);
-        return;
-    }
-    const u32 pos = atomicAdd(&tilecnt[rt], 1u);
-    if (pos < (u32)capt) {
-        entries[(size_t)rt * capt + pos] = make_uint4(r % NMS_TILE, ct, (u32)bit, (u32)(bit >> 32));
-    } else {
-        atomicMax(overflow, pos + 1);
-    }
-}
-
-// Thread (g, h >= g): appends the pair to `pairs` when the two groups' rectangles interact, so
-// that the mask's blocks are spread over the pairs rather than over the groups (a group has ~10
-// neighbours: one block per group left most of the device idle).
+// Thread (g, h >= g): appends the pair to `pairs` (at most `cap`; counters[CTR_PAIRS] counts them
+// all) when the two groups' rectangles interact, or always (`all`: rank-order groups, no
+// rectangles), so that the mask's blocks are spread over the pairs rather than over the groups.
 extern "C" __global__ void __launch_bounds__(NMS_AUX_BLOCK)
-nms_group_pairs(const float4* __restrict__ gbox, u32* __restrict__ counters, int pre, int kind, float tt,
-                uint2* __restrict__ pairs) {
+nms_group_pairs(const float4* __restrict__ gbox, u32* __restrict__ counters, int pre, int kind, float tt, int all,
+                u32 cap, uint2* __restrict__ pairs) {
     const int ng = (min((int)counters[0], pre) + NMS_TILE - 1) / NMS_TILE;
     const int h = blockIdx.x * NMS_AUX_BLOCK + threadIdx.x;
     const int g = blockIdx.y;
     bool near = false;
     if (h < ng && g <= h) {
-        const float4 a = gbox[g], b = gbox[h];
-        near = kind == KIND_CIRCLE ? groups_interact<KIND_CIRCLE>(a, b, tt) : groups_interact<KIND_AA>(a, b, tt);
+        if (all) near = true;
+        else {
+            const float4 a = gbox[g], b = gbox[h];
+            near = kind == KIND_CIRCLE ? groups_interact<KIND_CIRCLE>(a, b, tt) : groups_interact<KIND_AA>(a, b, tt);
+        }
     }
     const unsigned bal = __ballot_sync(FULL_MASK, near);
     const int lane = threadIdx.x & 31;
     u32 base = 0;
     if (lane == 0 && bal) base = atomicAdd(&counters[CTR_PAIRS], (u32)__popc(bal));
     base = __shfl_sync(FULL_MASK, base, 0);
-    if (near) pairs[base + __popc(bal & ((1u << lane) - 1u))] = make_uint2((u32)g, (u32)h);
+    const u32 at = base + __popc(bal & ((1u << lane) - 1u));
+    if (near && at < cap) pairs[at] = make_uint2((u32)g, (u32)h);
 }
 
-// Blocks stride over the interacting group pairs (g, h): g's 64 boxes (one per thread) against
-// h's (h == g: each pair once). A pair is tested as (higher rank, lower rank).
+// Blocks stride over the listed group pairs (g, h): g's 64 boxes (one per thread) against h's
+// (h == g: each pair once). A pair is tested as (higher rank, lower rank); the lower-ranked box's
+// row gets the higher one's bit. A pair block with any bit set is appended to the live blocks
+// (at most `cap`; counters[CTR_LIVE] counts them all): header (g, h), then 128 words, rows of g
+// (bits over h's boxes) and rows of h (bits over g's; zero when h == g). `srank` null: the groups
+// are rank tiles (position = rank).
 template <int KIND>
-__device__ __forceinline__ void mask_grouped(const float* __restrict__ sprep, const u32* __restrict__ srank,
-                                             const uint2* __restrict__ pairs, const u32* __restrict__ counters,
-                                             int pre, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,
-                                             uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {
+__device__ __forceinline__ void mask_pairs(const float* __restrict__ sprep, const u32* __restrict__ srank,
+                                           const uint2* __restrict__ pairs, u32* __restrict__ counters, int pre,
+                                           float t, u32 cap, uint2* __restrict__ live, u64* __restrict__ words) {
     __shared__ float rows[NMS_TILE * PREP_STRIDE];
     __shared__ float cols[NMS_TILE * PREP_STRIDE];
     __shared__ u32 rrank[NMS_TILE];
     __shared__ u32 crank[NMS_TILE];
+    __shared__ u64 s_g[NMS_TILE];
+    __shared__ u64 s_h[NMS_TILE];
     __shared__ unsigned short queue[NMS_TILE * ROT_CHUNK];
     __shared__ u32 s_qn;
+    __shared__ u32 s_slot;
     const int m = min((int)counters[0], pre);
-    const u32 npairs = counters[CTR_PAIRS];
+    const u32 npairs = min(counters[CTR_PAIRS], cap);
     const int tid = threadIdx.x;
     const float* a = &rows[tid * PREP_STRIDE];
     for (u32 p = blockIdx.x; p < npairs; p += gridDim.x) {  // uniform over the block
@@ -662,72 +555,89 @@ __device__ __forceinline__ void mask_grouped(const float* __restrict__ sprep, co
         __syncthreads();  // the previous pair is done with the shared arrays
         for (int e = tid; e < nrows * PREP_STRIDE; e += NMS_BLOCK) rows[e] = sprep[(size_t)g * NMS_TILE * PREP_STRIDE + e];
         for (int e = tid; e < ncols * PREP_STRIDE; e += NMS_BLOCK) cols[e] = sprep[(size_t)h * NMS_TILE * PREP_STRIDE + e];
-        if (tid < nrows) rrank[tid] = srank[g * NMS_TILE + tid];
-        if (tid < ncols) crank[tid] = srank[h * NMS_TILE + tid];
+        if (tid < nrows) rrank[tid] = srank ? srank[g * NMS_TILE + tid] : (u32)(g * NMS_TILE + tid);
+        if (tid < ncols) crank[tid] = srank ? srank[h * NMS_TILE + tid] : (u32)(h * NMS_TILE + tid);
+        s_g[tid] = 0;
+        s_h[tid] = 0;
         if (tid == 0) s_qn = 0;
         __syncthreads();
+        u64* lo_rows = h == g ? s_g : s_h;  // where the row of a lower-ranked box of h lives
         const int k0 = h == g ? tid + 1 : 0;
         const bool row_ok = tid < nrows;
         const int acls = row_ok ? __float_as_int(a[PREP_CLS]) : 0;
         const u32 ra = row_ok ? rrank[tid] : 0u;
         if (KIND == KIND_ROT) {
             rot_pairs(a, acls, row_ok, cols, ncols, k0, t, queue, &s_qn, [&](int row, int k) {
-                const u32 r1 = rrank[row], r2 = crank[k];
-                const float* hi = r1 < r2 ? &rows[row * PREP_STRIDE] : &cols[k * PREP_STRIDE];
-                const float* lo = r1 < r2 ? &cols[k * PREP_STRIDE] : &rows[row * PREP_STRIDE];
-                if (rot_iou_exact(hi, lo) > t) emit_bit(min(r1, r2), max(r1, r2), diag, tilecnt, entries, capt, overflow);
+                const bool row_hi = rrank[row] < crank[k];
+                const float* hi = row_hi ? &rows[row * PREP_STRIDE] : &cols[k * PREP_STRIDE];
+                const float* lo = row_hi ? &cols[k * PREP_STRIDE] : &rows[row * PREP_STRIDE];
+                if (rot_iou_exact(hi, lo) > t) {
+                    if (row_hi) atomicOr(&lo_rows[k], 1ull << row);
+                    else atomicOr(&s_g[row], 1ull << k);
+                }
             });
         } else if (row_ok) {
+            u64 mine = 0;
             for (int k = k0; k < ncols; ++k) {
                 const float* bb = &cols[k * PREP_STRIDE];
                 if (__float_as_int(bb[PREP_CLS]) != acls) continue;
-                const u32 rb = crank[k];
-                const float* hi = ra < rb ? a : bb;
-                const float* lo = ra < rb ? bb : a;
+                const bool row_hi = ra < crank[k];
+                const float* hi = row_hi ? a : bb;
+                const float* lo = row_hi ? bb : a;
                 const bool s = KIND == KIND_AA ? aa_suppresses(hi, lo, t) : circle_suppresses(hi, lo, t);
-                if (s) emit_bit(min(ra, rb), max(ra, rb), diag, tilecnt, entries, capt, overflow);
+                if (s) {
+                    if (row_hi) atomicOr(&lo_rows[k], 1ull << tid);
+                    else mine |= 1ull << k;
+                }
+            }
+            if (mine) atomicOr(&s_g[tid], mine);
+        }
+        __syncthreads();
+        if (__syncthreads_or(s_g[tid] != 0 || s_h[tid] != 0)) {
+            if (tid == 0) s_slot = atomicAdd(&counters[CTR_LIVE], 1u);
+            __syncthreads();
+            const u32 slot = s_slot;
+            if (slot < cap) {
+                if (tid == 0) live[slot] = gh;
+                words[(size_t)slot * 2 * NMS_TILE + tid] = s_g[tid];
+                words[(size_t)slot * 2 * NMS_TILE + NMS_TILE + tid] = s_h[tid];
             }
         }
     }
 }
 
-#define MASK_GROUPED_KERNEL(NAME, KIND)                                                                        \
+#define MASK_KERNEL(NAME, KIND)                                                                                \
     extern "C" __global__ void __launch_bounds__(NMS_BLOCK)                                                    \
     NAME(const float* __restrict__ sprep, const u32* __restrict__ srank, const uint2* __restrict__ pairs,       \
-         const u32* __restrict__ counters, int pre, float t, u64* __restrict__ diag, u32* __restrict__ tilecnt,  \
-         uint4* __restrict__ entries, int capt, u32* __restrict__ overflow) {                                   \
-        mask_grouped<KIND>(sprep, srank, pairs, counters, pre, t, diag, tilecnt, entries, capt, overflow);     \
+         u32* __restrict__ counters, int pre, float t, u32 cap, uint2* __restrict__ live, u64* __restrict__ words) { \
+        mask_pairs<KIND>(sprep, srank, pairs, counters, pre, t, cap, live, words);                             \
     }
 
-MASK_GROUPED_KERNEL(nms_mask_grouped_aa, KIND_AA)
-MASK_GROUPED_KERNEL(nms_mask_grouped_rot, KIND_ROT)
-MASK_GROUPED_KERNEL(nms_mask_grouped_circle, KIND_CIRCLE)
+MASK_KERNEL(nms_mask_aa, KIND_AA)
+MASK_KERNEL(nms_mask_rot, KIND_ROT)
+MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
 
 // ------------------------------------------------------------------------------------------
 // Sweep: the greedy keep list as a fixed point, resolved in rounds by the whole grid.
 //
-// A row (rank) is kept iff no kept higher rank suppresses it. Each round resolves every row whose
-// higher-ranked suppressors are all resolved, or one of which is kept: a row hit by a kept row is
-// removed; a row hit by no unresolved row (and by no kept one) is kept; any other row waits. The
-// rows resolved are exactly those of the serial sweep (the fixed point is unique), whatever the
-// scheduling; only the number of rounds depends on the input. The lowest tile holding an
-// unresolved row resolves completely in its round (nothing unresolved lies above it), so there are
-// at most as many rounds as row tiles, and 5-8 on the bench's 4k-50k box sets (a serial block
-// walk costs ~0.9 us per tile instead).
+// A box is kept iff no kept higher-ranked box suppresses it. Each round resolves, from the state
+// the last round left, every box none of whose suppressors is unresolved (kept) and every box one
+// of whose suppressors is kept (removed); the others wait. This is the fixed point of the greedy
+// rule, which is unique, so the keep list is the serial sweep's whatever the scheduling; only the
+// number of rounds depends on the input: the depth of its chains of unresolved suppressors (5-8
+// on the bench's 4k-50k box sets; a serial walk of the rank tiles costs ~0.9 us per tile).
 //
-// Block b owns the row tiles b, b + G, ... (G blocks). A round: (1) one warp per owned tile with
-// unresolved rows walks its diagonal words in rank order, from `hit` (rows hit by kept rows) and
-// `pend` (rows hit by rows unresolved after the last round); (2) the block ORs the entries of its
-// tiles' newly kept rows into `hit` and of its still unresolved rows into the next round's `pend`
-// (in shared memory per column tile first, then one atomic per non-zero word); (3) a grid-wide
-// barrier (a cooperative launch, so every block is resident). `hit` may gain words during (1):
-// they come from rows that are kept, so they are final either way. A seed round pushes every
-// entry to pend[0] (nothing is resolved yet).
+// Round r: one warp per live pair block whose groups have unresolved boxes ORs, per row, whether a
+// kept / an unresolved box of the other group suppresses it into hitk / hitu of the row's group
+// (buffer r % 3), from the groups' states after round r - 1. Each warp derives those states from
+// the states after round r - 2 and round r - 1's hit words itself, so one grid-wide barrier per
+// round suffices (a cooperative launch, so every block is resident); one thread per group stores
+// its state (buffer r % 2) and counts the unresolved groups, which ends the rounds.
 //
-// Global scratch (u64 words, zeroed by the host): kept[wt], removed[wt], pushed[wt], hit[wt],
-// pend[3][wt] (round r reads pend[r % 3], writes pend[(r + 1) % 3] and zeroes pend[(r + 2) % 3]),
-// then 2 words holding u32 counters: [0] the barrier, [1..3] unresolved tiles of a round (by
-// round mod 3, zeroed one round ahead of their use). Dynamic shared memory: s_hit[wt], s_pend[wt].
+// Global scratch (u64 words per group, zeroed by the host): kept[2][wt], unres[2][wt],
+// hitk[3][wt], hitu[3][wt], by_rank[wt] (the kept boxes as rank bits), then 2 words of u32
+// counters: [0] the barrier, [1..3] unresolved groups of a round (round mod 3, zeroed one round
+// ahead of their use).
 
 __device__ __forceinline__ void sweep_grid_barrier(u32* ctr, u32& target) {
     __syncthreads();
@@ -747,125 +657,103 @@ __device__ __forceinline__ u64 tile_valid(int T, int m) {
     return rows >= 64 ? ~0ull : ((1ull << rows) - 1ull);
 }
 
-// Step (2) of a round for the block's tiles: entries of rows kept since the last push go to
-// hit, of unresolved rows to pend_next. Every thread of the block calls it (barriers inside).
-__device__ __forceinline__ void sweep_push(int nt, int m, const u32* __restrict__ tilecnt,
-                                           const uint4* __restrict__ entries, int capt, const u64* kept,
-                                           const u64* removed, u64* pushed, u64* hit, u64* pend_next,
-                                           u64* s_hit, u64* s_pend) {
-    const int tid = threadIdx.x;
-    bool any = false;
-    for (int T = blockIdx.x; T < nt; T += gridDim.x) {
-        const u64 k = __ldcg(&kept[T]);
-        const u64 newk = k & ~__ldcg(&pushed[T]);
-        const u64 unk = tile_valid(T, m) & ~k & ~__ldcg(&removed[T]);
-        if ((newk | unk) == 0) continue;
-        any = true;
-        const u32 cnt = min(tilecnt[T], (u32)capt);
-        for (u32 e = tid; e < cnt; e += SWEEP_THREADS) {
-            const uint4 v = __ldg(&entries[(size_t)T * capt + e]);
-            const u64 w = (u64)v.z | ((u64)v.w << 32);
-            if ((newk >> v.x) & 1ull) atomicOr(&s_hit[v.y], w);
-            else if ((unk >> v.x) & 1ull) atomicOr(&s_pend[v.y], w);
-        }
-    }
-    if (__syncthreads_or(any)) {
-        // After the barrier: every warp has read the old `pushed` word above.
-        for (int T = blockIdx.x + tid * gridDim.x; T < nt; T += SWEEP_THREADS * gridDim.x)
-            __stcg(&pushed[T], __ldcg(&kept[T]));
-        for (int w = tid; w < nt; w += SWEEP_THREADS) {
-            if (s_hit[w]) atomicOr(&hit[w], s_hit[w]);
-            if (s_pend[w]) atomicOr(&pend_next[w], s_pend[w]);
-            s_hit[w] = 0;
-            s_pend[w] = 0;
-        }
+// Rows (of the group whose unresolved rows are `unres`) that a kept / an unresolved box of the other
+// group suppresses: lane l holds rows l and l + 32 of the block half `w`.
+__device__ __forceinline__ void sweep_pull(const u64* w, u64 unres, u64 other_kept, u64 other_unres, u64* hitk,
+                                           u64* hitu) {
+    const int lane = threadIdx.x & 31;
+    const u64 w0 = __ldcg(&w[lane]), w1 = __ldcg(&w[32 + lane]);
+    const u64 k = ((u64)__ballot_sync(FULL_MASK, (w0 & other_kept) != 0) |
+                   ((u64)__ballot_sync(FULL_MASK, (w1 & other_kept) != 0) << 32)) & unres;
+    const u64 u = ((u64)__ballot_sync(FULL_MASK, (w0 & other_unres) != 0) |
+                   ((u64)__ballot_sync(FULL_MASK, (w1 & other_unres) != 0) << 32)) & unres & ~k;
+    if (lane == 0) {
+        if (k) atomicOr(hitk, k);
+        if (u) atomicOr(hitu, u);
     }
 }
 
+// The state round r pulls with (r = 0: nothing resolved): the state round r - 1 pulled with
+// (stored in buffer (r - 1) % 2 during round r - 1) updated by round r - 1's hit words.
+struct SweepState {
+    u64 kept, unres;
+};
+
+__device__ __forceinline__ SweepState sweep_state(int g, int r, int m, const u64* kept, const u64* unres,
+                                                  const u64* hitk, const u64* hitu, int wt) {
+    if (r == 0) return {0ull, tile_valid(g, m)};
+    const int sb = ((r - 1) & 1) * wt, hb = ((r - 1) % 3) * wt;
+    const u64 u = __ldcg(&unres[sb + g]), k = __ldcg(&hitk[hb + g]), w = __ldcg(&hitu[hb + g]);
+    return {__ldcg(&kept[sb + g]) | (u & ~k & ~w), u & ~k & w};
+}
+
 extern "C" __global__ void __launch_bounds__(SWEEP_THREADS)
-nms_sweep(const u32* __restrict__ counters, int pre, int post, const u64* __restrict__ diag,
-          const u32* __restrict__ tilecnt, const uint4* __restrict__ entries, int capt,
-          const u32* __restrict__ order, u64* scratch, int wt, u32* __restrict__ out) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    u64* s_hit = reinterpret_cast<u64*>(smem);
-    u64* s_pend = s_hit + wt;
+nms_sweep(const u32* __restrict__ counters, int pre, int post, const uint2* __restrict__ live,
+          const u64* __restrict__ words, u32 cap, const u32* __restrict__ srank, const u32* __restrict__ order,
+          u64* scratch, int wt, u32* __restrict__ out) {
     __shared__ u32 s_warp[SWEEP_THREADS / 32];
     __shared__ u32 s_total;
-
-    u64* kept = scratch;
-    u64* removed = kept + wt;
-    u64* pushed = removed + wt;
-    u64* hit = pushed + wt;
-    u64* pend = hit + wt;  // [3][wt]
-    u32* sync = reinterpret_cast<u32*>(pend + 3 * wt);
+    u64* kept = scratch;          // [2][wt]
+    u64* unres = kept + 2 * wt;   // [2][wt]
+    u64* hitk = unres + 2 * wt;   // [3][wt]
+    u64* hitu = hitk + 3 * wt;    // [3][wt]
+    u64* by_rank = hitu + 3 * wt;
+    u32* sync = reinterpret_cast<u32*>(by_rank + wt);
     u32* unresolved = sync + 1;  // [3]
 
     const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
     const int m = min((int)counters[0], pre);
     const int nt = (m + NMS_TILE - 1) / NMS_TILE;
+    const u32 nlive = min(counters[CTR_LIVE], cap);
+    const int gthread = blockIdx.x * SWEEP_THREADS + tid;
+    const int nthreads = gridDim.x * SWEEP_THREADS;
+    const int gwarp = gthread >> 5;
+    const int nwarps = nthreads >> 5;
     u32 target = 0;
-    for (int w = tid; w < nt; w += SWEEP_THREADS) {
-        s_hit[w] = 0;
-        s_pend[w] = 0;
-    }
-    __syncthreads();
-    sweep_push(nt, m, tilecnt, entries, capt, kept, removed, pushed, hit, pend, s_hit, s_pend);
-    sweep_grid_barrier(sync, target);
-    for (int round = 0;; ++round) {
-        const u64* pend_now = pend + (round % 3) * wt;
-        // (1) Rows in rank order, each row's bit final once every lower row with a non-zero
-        // diagonal word is visited (diagonal bits are set above their row only).
-        for (int T = blockIdx.x + warp * gridDim.x; T < nt; T += (SWEEP_THREADS / 32) * gridDim.x) {
-            u64 k = __ldcg(&kept[T]);
-            u64 r = __ldcg(&removed[T]);
-            const u64 unk = tile_valid(T, m) & ~k & ~r;
-            if (unk == 0) continue;
-            const u64 d0 = diag[(size_t)T * NMS_TILE + lane];
-            const u64 d1 = diag[(size_t)T * NMS_TILE + 32 + lane];
-            const u64 nz = (u64)__ballot_sync(FULL_MASK, d0 != 0) | ((u64)__ballot_sync(FULL_MASK, d1 != 0) << 32);
-            u64 rem = __ldcg(&hit[T]);
-            u64 pen = __ldcg(&pend_now[T]) & ~rem;
-            u64 act = (unk | k) & nz;
-            while (act) {
-                const int row = __ffsll((long long)act) - 1;
-                const u64 d = __shfl_sync(FULL_MASK, row < 32 ? d0 : d1, row & 31);
-                const u64 bit = 1ull << row;
-                if ((k & bit) || !((rem | pen) & bit)) {
-                    k |= bit;  // kept before, or now: nothing kept or unresolved above hits it
-                    rem |= d;
-                } else if (!(rem & bit)) {
-                    pen |= d;  // waits: its rows wait with it
-                }
-                pen &= ~rem;
-                const u64 above = row == 63 ? 0ull : (~0ull << (row + 1));
-                act &= above;
-            }
-            k |= unk & ~rem & ~pen;
-            r |= unk & rem;
-            if (lane == 0) {
-                __stcg(&kept[T], k);
-                __stcg(&removed[T], r);
-                if (unk & pen) atomicAdd(&unresolved[round % 3], 1u);
-            }
+    int round = 0;
+    for (;; ++round) {
+        const int hb = (round % 3) * wt;
+        for (u32 p = gwarp; p < nlive; p += nwarps) {
+            const uint2 gh = live[p];
+            const SweepState sg = sweep_state(gh.x, round, m, kept, unres, hitk, hitu, wt);
+            const SweepState sh = sweep_state(gh.y, round, m, kept, unres, hitk, hitu, wt);
+            if ((sg.unres | sh.unres) == 0) continue;  // uniform over the warp
+            const u64* w = words + (size_t)p * 2 * NMS_TILE;
+            if (sg.unres) sweep_pull(w, sg.unres, sh.kept, sh.unres, &hitk[hb + gh.x], &hitu[hb + gh.x]);
+            if (sh.unres && gh.y != gh.x)
+                sweep_pull(w + NMS_TILE, sh.unres, sg.kept, sg.unres, &hitk[hb + gh.y], &hitu[hb + gh.y]);
         }
-        for (int T = blockIdx.x + tid * gridDim.x; T < nt; T += SWEEP_THREADS * gridDim.x)
-            pend[((round + 2) % 3) * wt + T] = 0;
-        if (blockIdx.x == 0 && tid == 0) unresolved[(round + 1) % 3] = 0;
-        __syncthreads();
-        // (2) Push for the next round, (3) the barrier.
-        sweep_push(nt, m, tilecnt, entries, capt, kept, removed, pushed, hit, pend + ((round + 1) % 3) * wt, s_hit,
-                   s_pend);
+        for (int g = gthread; g < nt; g += nthreads) {
+            const SweepState st = sweep_state(g, round, m, kept, unres, hitk, hitu, wt);
+            __stcg(&kept[(round & 1) * wt + g], st.kept);
+            __stcg(&unres[(round & 1) * wt + g], st.unres);
+            const int zb = ((round + 1) % 3) * wt;  // read in round - 1, written in round + 1
+            __stcg(&hitk[zb + g], 0ull);
+            __stcg(&hitu[zb + g], 0ull);
+            if (st.unres) atomicAdd(&unresolved[round % 3], 1u);
+        }
+        if (gthread == 0) unresolved[(round + 1) % 3] = 0;
         sweep_grid_barrier(sync, target);
         if (*((volatile u32*)&unresolved[round % 3]) == 0) break;
     }
-    // The keep list in rank order: block 0 scans the tiles' kept counts; the first `post` rows.
+    // The states stored in the last round are final.
+    const u64* final_kept = kept + (round & 1) * wt;
+    // The kept boxes as rank bits, then block 0 writes the first `post` of them in rank order.
+    for (int g = gthread; g < nt; g += nthreads) {
+        u64 k = __ldcg(&final_kept[g]);
+        while (k) {
+            const int row = __ffsll((long long)k) - 1;
+            k &= k - 1ull;
+            const u32 r = srank ? srank[g * NMS_TILE + row] : (u32)(g * NMS_TILE + row);
+            atomicOr(&by_rank[r / NMS_TILE], 1ull << (r % NMS_TILE));
+        }
+    }
+    sweep_grid_barrier(sync, target);
     if (blockIdx.x != 0) return;
     u32 base = 0;
     for (int T0 = 0; T0 < nt; T0 += SWEEP_THREADS) {
         const int T = T0 + tid;
-        const u64 k = T < nt ? __ldcg(&kept[T]) : 0ull;
+        const u64 k = T < nt ? __ldcg(&by_rank[T]) : 0ull;
         const u32 pos = base + lk_block_excl_scan<SWEEP_THREADS / 32>((u32)__popcll(k), s_warp, &s_total);
         u64 left = k;
         for (u32 q = pos; left && q < (u32)post; ++q) {

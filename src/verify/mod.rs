@@ -56,9 +56,9 @@ pub enum VerifyError {
     /// `bench-cpu` could not start a thread pool of this size.
     #[error("a thread pool of {threads} threads: {message}")]
     ThreadPool { threads: usize, message: String },
-    /// The NMS bench's entry lists overflowed in a timed run although the warm-up sized them.
-    #[error("NMS bench: entry list overflow after warm-up")]
-    EntryListOverflow,
+    /// The NMS bench's group pair lists overflowed in a timed run although the warm-up sized them.
+    #[error("NMS bench: group pair list overflow after warm-up")]
+    PairListOverflow,
 }
 
 impl VerifyError {

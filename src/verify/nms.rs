@@ -461,7 +461,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
         let cpu = cpu_nms(&w.boxes, &w.scores, &[], &w.params)?;
         let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
         dev.upload(ctx, &w.boxes, &w.scores, &[])?;
-        let first = dev.run(ctx, &w.params)?; // warm-up; sizes the entry lists, chooses the mask
+        let first = dev.run(ctx, &w.params)?; // warm-up; sizes the pair lists, chooses the mask
         for _ in 0..3 {
             dev.run(ctx, &w.params)?;
         }
@@ -476,7 +476,7 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
             let st = timer.finish()?;
             let out = dev.read(ctx, l)?;
             if dev.reruns != reruns {
-                return Err(VerifyError::EntryListOverflow);
+                return Err(VerifyError::PairListOverflow);
             }
             same &= out == Read::Done(cpu.clone());
             totals.push(st.iter().map(|(_, ms)| *ms as f64).sum());

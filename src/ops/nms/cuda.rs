@@ -11,30 +11,28 @@
 //!    a spatial order: the candidates sorted (as above) by the Morton code of their centre, cut
 //!    into groups of 64 with each group's culling rectangle (the union of its boxes' bounding
 //!    rectangles; the centres for circle NMS).
-//! 3. **mask**: bit (r, c) is set when rank r suppresses rank c > r (the kind's exact f32 test,
-//!    the BEV pre-filter first). Grouped (more than [`DENSE_MAX_TILES`] tiles): the pairs of
-//!    groups whose rectangles can hold a suppressing pair are listed (boxes far apart never
-//!    suppress each other, which the score order alone cannot exploit) and the mask's blocks
-//!    stride over them, one entry per suppressing pair. Dense (small inputs, or when the pairs would outnumber the dense mask's
-//!    words, e.g. thousands of copies of one box): one 64-thread block per (row tile, column
-//!    tile) of the upper triangle in rank order, one entry per non-zero word. Either way the
-//!    same-tile words go to a dense `diag` array and the other entries are appended to their row
-//!    tile's list (sparse: 20k boxes need MBs, not the 50 MB of a full mask).
-//! 4. **sweep**: the greedy keep list as the fixed point it is (a rank is kept iff no kept higher
-//!    rank suppresses it), resolved in rounds by every block of a cooperative launch: a rank hit
-//!    by a kept rank is removed, a rank hit by no kept or unresolved rank is kept, the others
-//!    wait. The fixed point is unique, so the keep list is the serial sweep's whatever the
-//!    scheduling; the lowest tile with unresolved ranks resolves in each round, so there are at
-//!    most as many rounds as tiles (5-8 on the bench's box sets). `post_max_size` cuts the list.
+//! 3. **mask**: a 64 x 64 bit block per pair of groups, where row b holds the boxes of the other
+//!    group that suppress box b (the kind's exact f32 test, the BEV pre-filter first, each box pair
+//!    tested once as (higher rank, lower rank)). Grouped (more than [`DENSE_MAX_TILES`] tiles):
+//!    only the pairs of groups whose rectangles can hold a suppressing pair are listed (boxes far
+//!    apart never suppress each other, which the score order alone cannot exploit). Dense (small
+//!    inputs): the groups are the rank tiles and every pair of them is listed. The blocks with a
+//!    bit set are kept (20k spread boxes need a few MB, not the 50 MB of a full mask).
+//! 4. **sweep**: the greedy keep list as the fixed point it is (a box is kept iff no kept
+//!    higher-ranked box suppresses it), resolved in rounds by every block of a cooperative launch
+//!    from the pair blocks: a box suppressed by a kept box is removed, a box that no kept or
+//!    unresolved box suppresses is kept, the others wait. The fixed point is unique, so the keep
+//!    list is the serial sweep's whatever the scheduling; the rounds are the depth of the chains
+//!    of unresolved suppressors (5-8 on the bench's box sets). `post_max_size` cuts the list.
 //! 5. the kept input indices and their count are the only data copied back.
 //!
-//! A row tile whose entries exceed the list capacity is detected (an overflow counter); the run
-//! is then repeated once with a large enough capacity (or with the dense mask, see above), so the
-//! result never depends on it. Both are counted ([`DeviceNms::reruns`], [`DeviceNms::dense_reruns`]).
+//! When the grouped mask lists more group pairs than its lists hold (boxes packed together, so
+//! that many groups interact), the run is repeated once with lists of the size counted, so the
+//! result never depends on it; [`DeviceNms::reruns`] counts it.
 
 use super::{Box3d, NmsKind, NmsOutput, NmsParams};
 use crate::gpu::{GpuContext, GpuError, GrowBuffer, StageTimer};
-use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 /// Boxes per tile = threads of a mask block (`NMS_TILE` in cuda/nms.cu): one u64 mask word.
 const TILE: usize = 64;
@@ -45,25 +43,27 @@ const SORT_TILE: usize = 1024;
 /// `nms_merge_rank` modes (cuda/nms.cu).
 const RANK_OF_LOW: i32 = 0;
 const LOW_BY_RANK: i32 = 1;
-/// Counter words (`counters` in cuda/nms.cu: candidates, overflow, spare, centre bounds).
+/// Counter words (`counters` in cuda/nms.cu: candidates, live pair blocks, listed group pairs,
+/// spare, centre bounds).
 const COUNTERS: usize = 8;
+const CTR_PAIRS: usize = 2;
 /// Up to this many row tiles (4096 candidates) the dense mask runs: its few blocks cost less than
 /// the grouped mask's extra launches (the spatial sort, the groups, their pairs). On the H200
 /// (BENCHMARKS.md 2026-12-02) 4096 boxes took 0.140 ms dense vs 0.244 grouped (rotated), 10k
 /// boxes 0.270 vs 0.236 (axis-aligned).
 pub const DENSE_MAX_TILES: usize = 64;
-/// Above this many row tiles (262,144 candidates) the dense mask runs too: the grouped mask's
-/// list of group pairs is sized for every pair (8 bytes each, 64 MiB here).
-pub const GROUPED_MAX_TILES: usize = 4096;
 /// Must match SWEEP_THREADS in cuda/nms.cu.
 const SWEEP_THREADS: u32 = 512;
-/// The sweep's u64 scratch words per tile (kept, removed, pushed, hit, three pend) and its counter
-/// words (cuda/nms.cu, `nms_sweep`).
-const SWEEP_WORDS_PER_TILE: usize = 7;
+/// The sweep's u64 scratch words per group (two kept, two unresolved, three hit by kept, three
+/// hit by unresolved, kept by rank) and its counter words (cuda/nms.cu, `nms_sweep`).
+const SWEEP_WORDS_PER_GROUP: usize = 11;
 const SWEEP_SYNC_WORDS: usize = 2;
-/// Initial entry capacity per row tile (grows when a run overflows it).
-const INITIAL_TILE_CAPACITY: usize = 4096;
-/// Row tiles are limited so that the triangular mask grid fits a 1D grid (< 2^31 blocks).
+/// u64 words of a pair block of the mask (64 rows of each group).
+const PAIR_BLOCK_WORDS: usize = 2 * TILE;
+/// Initial capacity of the grouped mask's pair lists, per group (grows when a run needs more;
+/// a spatially compact group of spread boxes meets ~10 others).
+const INITIAL_PAIRS_PER_GROUP: usize = 16;
+/// Groups are limited so that the pair kernel's grid fits (65,535 blocks in y).
 const MAX_TILES: usize = 65_000;
 
 /// Device buffers of the NMS (grow-only; reuse one `DeviceNms` frame after frame).
@@ -83,23 +83,20 @@ pub struct DeviceNms {
     group_pairs: GrowBuffer<u32>,
     order: GrowBuffer<u32>,
     prep: GrowBuffer<f32>,
-    diag: GrowBuffer<u64>,
-    tilecnt: GrowBuffer<u32>,
-    entries: GrowBuffer<u32>,
+    live_pairs: GrowBuffer<u32>,
+    pair_words: GrowBuffer<u64>,
     counters: GrowBuffer<u32>,
     out: GrowBuffer<u32>,
     sweep_scratch: GrowBuffer<u64>,
-    tile_capacity: usize,
-    smem_attr: usize,
-    /// Runs repeated because a row tile's entry list overflowed.
+    pair_capacity: usize,
+    /// Runs repeated because the grouped mask's pair lists overflowed.
     pub reruns: u64,
-    /// Runs repeated with the dense mask because the grouped mask's pairs outnumbered its words.
-    pub dense_reruns: u64,
     /// The mask of the last completed run.
     pub last_mask: Mask,
 }
 
-/// Which suppression mask a run builds (see the module documentation).
+/// Which suppression mask a run builds (see the module documentation): blocks for the pairs of
+/// spatially compact groups that can interact, or for every pair of rank tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mask {
     Grouped,
@@ -110,16 +107,15 @@ pub enum Mask {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Read {
     Done(NmsOutput),
-    /// An entry list overflowed (its capacity is grown): run again with this mask.
-    Rerun(Mask),
+    /// The pair lists overflowed (their capacity is grown): run again.
+    Rerun,
 }
 
 /// What one enqueued run needs to read its result.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Launched {
     pre: usize,
-    tiles: usize,
-    tile_capacity: usize,
+    pair_capacity: usize,
     mask: Mask,
 }
 
@@ -142,16 +138,13 @@ impl DeviceNms {
             group_pairs: GrowBuffer::new(s, 0)?,
             order: GrowBuffer::new(s, 0)?,
             prep: GrowBuffer::new(s, 0)?,
-            diag: GrowBuffer::new(s, 0)?,
-            tilecnt: GrowBuffer::new(s, 0)?,
-            entries: GrowBuffer::new(s, 0)?,
+            live_pairs: GrowBuffer::new(s, 0)?,
+            pair_words: GrowBuffer::new(s, 0)?,
             counters: GrowBuffer::new(s, COUNTERS)?,
             out: GrowBuffer::new(s, 4)?,
             sweep_scratch: GrowBuffer::new(s, 0)?,
-            tile_capacity: INITIAL_TILE_CAPACITY,
-            smem_attr: 0,
+            pair_capacity: 0,
             reruns: 0,
-            dense_reruns: 0,
             last_mask: Mask::Dense,
         })
     }
@@ -187,7 +180,7 @@ impl DeviceNms {
     /// The mask a run on these boxes starts with.
     pub fn first_mask(params: &NmsParams, boxes: usize) -> Mask {
         let pre = params.pre_max_size.unwrap_or(usize::MAX).min(boxes);
-        if (DENSE_MAX_TILES + 1..=GROUPED_MAX_TILES).contains(&pre.div_ceil(TILE)) {
+        if pre.div_ceil(TILE) > DENSE_MAX_TILES {
             Mask::Grouped
         } else {
             Mask::Dense
@@ -222,7 +215,9 @@ impl DeviceNms {
                 limit: (MAX_TILES * TILE) as u64,
             });
         }
-        let capt = self.tile_capacity;
+        let grouped = mask == Mask::Grouped && wt > 0;
+        // Rank tiles list every pair; spatial groups as many as the last run needed, at least.
+        let cap = if grouped { self.pair_capacity.max(INITIAL_PAIRS_PER_GROUP * wt) } else { wt * (wt + 1) / 2 }.max(1);
         if let Some(t) = timer.as_deref_mut() {
             t.start()?;
         }
@@ -230,14 +225,11 @@ impl DeviceNms {
         s.memset_zeros(&mut counters.slice_mut(..COUNTERS))?;
         let keys = self.keys.ensure(s, n)?;
         let rank = self.rank.ensure(s, n)?;
-        let tilecnt = self.tilecnt.ensure(s, wt.max(1))?;
         let order = self.order.ensure(s, pre.max(1))?;
         let prep = self.prep.ensure(s, 12 * pre.max(1))?;
-        let diag = self.diag.ensure(s, TILE * wt.max(1))?;
-        let entries = self.entries.ensure(s, 4 * capt * wt.max(1))?;
         let out = self.out.ensure(s, 4 + pre)?;
         let boxes = self.boxes.ensure(s, 7 * n)?;
-        let (n_i, pre_i, post_i, wt_i, capt_i) = (n as i32, pre as i32, post as i32, wt as i32, capt as i32);
+        let (n_i, pre_i, post_i, wt_i, cap_u) = (n as i32, pre as i32, post as i32, wt as i32, cap as u32);
         let aux = |items: usize| LaunchConfig {
             grid_dim: (items.div_ceil(AUX_BLOCK as usize).max(1) as u32, 1, 1),
             block_dim: (AUX_BLOCK, 1, 1),
@@ -249,10 +241,9 @@ impl DeviceNms {
             let f = ctx.function("nms", "nms_keys")?;
             let mut l = s.launch_builder(&f);
             let st = params.score_threshold;
-            l.arg(&*self.scores.ensure(s, n)?).arg(&n_i).arg(&st).arg(&mut *keys);
-            l.arg(&mut *tilecnt).arg(&wt_i).arg(&mut *counters);
-            // SAFETY: argument types/order match nms_keys; keys >= n, tilecnt >= wt, counters >= 8.
-            unsafe { l.launch(aux(n.max(wt))) }?;
+            l.arg(&*self.scores.ensure(s, n)?).arg(&n_i).arg(&st).arg(&mut *keys).arg(&mut *counters);
+            // SAFETY: argument types/order match nms_keys; keys >= n, counters >= 8.
+            unsafe { l.launch(aux(n)) }?;
         }
         sort_keys(ctx, &mut self.sorted, keys, None, n, RANK_OF_LOW, rank)?;
         if let Some(t) = timer.as_deref_mut() {
@@ -274,7 +265,6 @@ impl DeviceNms {
             // caller), order >= pre, prep >= 12 * pre, counters >= 8.
             unsafe { l.launch(aux(n)) }?;
         }
-        let grouped = mask == Mask::Grouped && (1..=GROUPED_MAX_TILES).contains(&wt);
         if grouped {
             let skeys = self.spatial_keys.ensure(s, pre)?;
             {
@@ -291,77 +281,60 @@ impl DeviceNms {
             l.arg(&*prep).arg(&*sp).arg(&*counters).arg(&pre_i).arg(&kind_i);
             l.arg(&mut *self.spatial_prep.ensure(s, 12 * TILE * wt)?)
                 .arg(&mut *self.spatial_rank.ensure(s, TILE * wt)?);
-            l.arg(&mut *self.group_rects.ensure(s, 4 * wt)?).arg(&mut *diag);
+            l.arg(&mut *self.group_rects.ensure(s, 4 * wt)?);
             let cfg = LaunchConfig { grid_dim: (wt as u32, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: matches nms_groups; sp holds the spatial order (< pre entries, each < pre),
-            // spatial_prep >= 12 * 64 * wt, spatial_rank >= 64 * wt, group_rects >= 4 * wt, diag >= 64 * wt.
+            // spatial_prep >= 12 * 64 * wt, spatial_rank >= 64 * wt, group_rects >= 4 * wt.
             unsafe { l.launch(cfg) }?;
         }
         if let Some(t) = timer.as_deref_mut() {
             t.stage("prep")?;
         }
-        // 3. mask
-        {
+        // 3. mask: the group pairs, then a bit block per pair
+        let pairs = self.group_pairs.ensure(s, 2 * cap)?;
+        let live = self.live_pairs.ensure(s, 2 * cap)?;
+        let words = self.pair_words.ensure(s, PAIR_BLOCK_WORDS * cap)?;
+        if wt > 0 {
             let t = match params.kind {
                 NmsKind::Circle => params.threshold * params.threshold,
                 _ => params.threshold,
             };
-            if grouped {
-                // The circle groups' gap bound (cuda/nms.cu `groups_interact`).
-                let tt = if t.is_infinite() { f32::INFINITY } else { params.threshold * 1.0001 };
-                let max_pairs = wt * (wt + 1) / 2;
-                let pairs = self.group_pairs.ensure(s, 2 * max_pairs)?;
-                let rects = self.group_rects.ensure(s, 4 * wt)?;
-                {
-                    let f = ctx.function("nms", "nms_group_pairs")?;
-                    let mut l = s.launch_builder(&f);
-                    l.arg(&*rects).arg(&mut *counters).arg(&pre_i).arg(&kind_i).arg(&tt).arg(&mut *pairs);
-                    let cfg = LaunchConfig {
-                        grid_dim: (wt.div_ceil(AUX_BLOCK as usize) as u32, wt as u32, 1),
-                        block_dim: (AUX_BLOCK, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: matches nms_group_pairs; group_rects >= 4 * wt, pairs holds every
-                    // (g, h >= g) pair of the wt groups.
-                    unsafe { l.launch(cfg) }?;
-                }
-                let name = match params.kind {
-                    NmsKind::AxisAligned => "nms_mask_grouped_aa",
-                    NmsKind::RotatedBev => "nms_mask_grouped_rot",
-                    NmsKind::Circle => "nms_mask_grouped_circle",
-                };
-                let f = ctx.function("nms", name)?;
-                let (mut cnt_view, mut ovf_view) = counters.split_at_mut(1);
+            // The circle groups' gap bound (cuda/nms.cu `groups_interact`).
+            let tt = if t.is_infinite() { f32::INFINITY } else { params.threshold * 1.0001 };
+            let all = (!grouped) as i32;
+            let rects = self.group_rects.ensure(s, 4 * wt)?;
+            {
+                let f = ctx.function("nms", "nms_group_pairs")?;
                 let mut l = s.launch_builder(&f);
-                l.arg(&*self.spatial_prep.ensure(s, 12 * TILE * wt)?).arg(&*self.spatial_rank.ensure(s, TILE * wt)?);
-                l.arg(&*pairs).arg(&mut cnt_view).arg(&pre_i).arg(&t);
-                l.arg(&mut *diag).arg(&mut *tilecnt).arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
-                let blocks = max_pairs.min(32 * ctx.sm_count.max(1) as usize) as u32;
-                let cfg =
-                    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: matches the grouped mask kernels; the spatial arrays and the pairs were
-                // written above, diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
-                unsafe { l.launch(cfg) }?;
-            } else {
-                let (mut cnt_view, mut ovf_view) = counters.split_at_mut(1);
-                let name = match params.kind {
-                    NmsKind::AxisAligned => "nms_mask_aa",
-                    NmsKind::RotatedBev => "nms_mask_rot",
-                    NmsKind::Circle => "nms_mask_circle",
-                };
-                let f = ctx.function("nms", name)?;
-                let blocks = (wt * (wt + 1) / 2) as u32;
-                let mut l = s.launch_builder(&f);
-                l.arg(&*prep).arg(&mut cnt_view).arg(&pre_i).arg(&wt_i).arg(&t).arg(&mut *diag).arg(&mut *tilecnt);
-                l.arg(&mut *entries).arg(&capt_i).arg(&mut ovf_view);
+                l.arg(&*rects).arg(&mut *counters).arg(&pre_i).arg(&kind_i).arg(&tt).arg(&all).arg(&cap_u);
+                l.arg(&mut *pairs);
                 let cfg = LaunchConfig {
-                    grid_dim: (blocks.max(1), 1, 1),
-                    block_dim: (TILE as u32, 1, 1),
+                    grid_dim: (wt.div_ceil(AUX_BLOCK as usize) as u32, wt as u32, 1),
+                    block_dim: (AUX_BLOCK, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: matches the mask kernels; diag >= 64*wt, tilecnt >= wt, entries >= 4*capt*wt.
+                // SAFETY: matches nms_group_pairs; group_rects >= 4 * wt (read only for spatial
+                // groups, written by nms_groups above), pairs >= 2 * cap.
                 unsafe { l.launch(cfg) }?;
             }
+            let name = match params.kind {
+                NmsKind::AxisAligned => "nms_mask_aa",
+                NmsKind::RotatedBev => "nms_mask_rot",
+                NmsKind::Circle => "nms_mask_circle",
+            };
+            let f = ctx.function("nms", name)?;
+            let mut l = s.launch_builder(&f);
+            if grouped {
+                l.arg(&*self.spatial_prep.ensure(s, 12 * TILE * wt)?).arg(&*self.spatial_rank.ensure(s, TILE * wt)?);
+            } else {
+                l.arg(&*prep).arg(&0u64);
+            }
+            l.arg(&*pairs).arg(&mut *counters).arg(&pre_i).arg(&t).arg(&cap_u).arg(&mut *live).arg(&mut *words);
+            let blocks = cap.min(32 * ctx.sm_count.max(1) as usize) as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TILE as u32, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: matches the mask kernels; prep and ranks in group order (rank order with a null
+            // rank pointer), pairs written above, live >= 2 * cap, words >= 128 * cap.
+            unsafe { l.launch(cfg) }?;
         }
         if let Some(t) = timer.as_deref_mut() {
             t.stage("mask")?;
@@ -369,70 +342,44 @@ impl DeviceNms {
         // 4. sweep
         {
             let f = ctx.function("nms", "nms_sweep")?;
-            let smem = 2 * 8 * wt.max(1);
-            if smem > self.smem_attr {
-                let max =
-                    ctx.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-                        as usize;
-                if smem + 256 > max {
-                    return Err(GpuError::SharedMemory {
-                        kernel: "GPU NMS sweep",
-                        needed: smem,
-                        available: max,
-                        count: pre,
-                        items: "candidates",
-                    });
-                }
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem.max(48 * 1024) as i32,
-                )?;
-                self.smem_attr = smem.max(48 * 1024);
-            }
-            let words = SWEEP_WORDS_PER_TILE * wt.max(1) + SWEEP_SYNC_WORDS;
-            let scratch = self.sweep_scratch.ensure(s, words)?;
-            s.memset_zeros(&mut scratch.slice_mut(..words))?;
+            let scratch_words = SWEEP_WORDS_PER_GROUP * wt.max(1) + SWEEP_SYNC_WORDS;
+            let scratch = self.sweep_scratch.ensure(s, scratch_words)?;
+            s.memset_zeros(&mut scratch.slice_mut(..scratch_words))?;
             let mut l = s.launch_builder(&f);
-            l.arg(&*counters).arg(&pre_i).arg(&post_i).arg(&*diag).arg(&*tilecnt).arg(&*entries).arg(&capt_i);
+            l.arg(&*counters).arg(&pre_i).arg(&post_i).arg(&*live).arg(&*words).arg(&cap_u);
+            if grouped {
+                l.arg(&*self.spatial_rank.ensure(s, TILE * wt)?);
+            } else {
+                l.arg(&0u64);
+            }
             l.arg(&*order).arg(&mut *scratch).arg(&wt_i).arg(&mut *out);
             // One block per SM at most, so that a cooperative launch always finds them resident.
             let blocks = wt.clamp(1, ctx.sm_count.max(1) as usize) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (SWEEP_THREADS, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            // SAFETY: matches nms_sweep; out >= 4 + pre; scratch holds 7 * wt + 2 zeroed words; shared
-            // memory 2 * wt words. The cooperative launch guarantees the co-residency of the blocks
-            // that its grid-wide barriers need.
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (SWEEP_THREADS, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: matches nms_sweep; out >= 4 + pre; the live blocks and their words as the
+            // mask wrote them; scratch holds 11 * wt + 2 zeroed words. The cooperative launch
+            // guarantees the co-residency of the blocks that its grid-wide barriers need.
             unsafe { l.launch_cooperative(cfg) }?;
         }
         if let Some(t) = timer {
             t.stage("sweep")?;
         }
-        Ok(Launched { pre, tiles: wt, tile_capacity: capt, mask: if grouped { Mask::Grouped } else { Mask::Dense } })
+        Ok(Launched { pre, pair_capacity: cap, mask: if grouped { Mask::Grouped } else { Mask::Dense } })
     }
 
-    /// Reads the result of an enqueued run, or says how to run again when a row tile overflowed
-    /// (its capacity is grown; a grouped run whose pairs outnumber the dense mask's words on some
-    /// row tile goes dense).
+    /// Reads the result of an enqueued run, or says to run again when the group pair lists
+    /// overflowed (their capacity is grown to the count).
     pub(crate) fn read(&mut self, ctx: &GpuContext, l: Launched) -> Result<Read, GpuError> {
         let s = &ctx.stream;
         let counters = s.clone_dtoh(&self.counters.ensure(s, COUNTERS)?.slice(..COUNTERS))?;
         let head = s.clone_dtoh(&self.out.ensure(s, 4 + l.pre)?.slice(..4))?;
         s.synchronize()?;
-        let overflow = counters[1] as usize;
-        if overflow > l.tile_capacity {
-            // A dense row tile holds at most one entry per (row, column tile) word.
-            let next = if l.mask == Mask::Grouped && overflow > TILE * l.tiles { Mask::Dense } else { l.mask };
-            if next == l.mask {
-                self.tile_capacity = overflow.next_multiple_of(1024).max(l.tile_capacity * 2);
-                self.reruns += 1;
-            } else {
-                self.dense_reruns += 1;
-            }
-            tracing::debug!(capacity = self.tile_capacity, mask = ?next, "NMS tile entry list overflowed, rerun");
-            return Ok(Read::Rerun(next));
+        let pairs = counters[CTR_PAIRS] as usize;
+        if pairs > l.pair_capacity {
+            self.pair_capacity = pairs.next_multiple_of(1024);
+            self.reruns += 1;
+            tracing::debug!(capacity = self.pair_capacity, "NMS group pair lists overflowed, rerun");
+            return Ok(Read::Rerun);
         }
         let kept = head[0] as usize;
         let m = head[1] as usize;
@@ -458,12 +405,12 @@ impl DeviceNms {
         if self.n == 0 {
             return Ok(NmsOutput { keep: Vec::new(), candidates: 0 });
         }
-        let mut mask = Self::first_mask(params, self.n);
+        let mask = Self::first_mask(params, self.n);
         loop {
             let l = self.enqueue(ctx, params, mask, timer.as_deref_mut())?;
             match self.read(ctx, l)? {
                 Read::Done(out) => return Ok(out),
-                Read::Rerun(next) => mask = next,
+                Read::Rerun => {}
             }
         }
     }
