@@ -7,10 +7,14 @@
                                                               # check-gpu shows the GPU's are the same bits)
     python3 bench/gpu_peers.py /tmp/wl /tmp/ours /tmp/bench.md [--runs 60] [--out table.md]
 
-Peers: torchvision.ops.nms (axis-aligned NMS, W5a) and torch.cdist + topk (KNN, W3a / W3b),
-timed with CUDA events (median after warm-up), their outputs compared with ours.
+Peers: torchvision.ops.nms (axis-aligned NMS, W5a), torch.cdist + topk (KNN, W3a / W3b) and,
+when it imports, spconv's PointToVoxel (hard voxelization, W1, with the configurations of
+shared/bench/workloads.py: pass --workloads-py when it is not at ../shared/bench/ beside the
+repository), timed with CUDA events (median after warm-up), their outputs compared with ours.
 """
 import argparse
+import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -50,6 +54,41 @@ def our_gpu_ms(bench_md):
     return out
 
 
+def spconv_rows(a, dev, gpu):
+    """spconv PointToVoxel beside our hard voxelization. Equal: the same voxels (coordinates) with
+    the same point counts; PointToVoxel's voxel order and the order of points in a voxel come from
+    its hash table and atomics, so they are not compared."""
+    try:
+        import spconv
+        from spconv.pytorch.utils import PointToVoxel
+    except ImportError as e:
+        print(f"spconv: not compared ({e})", file=sys.stderr)
+        return []
+    spec = importlib.util.spec_from_file_location("workloads", a.workloads_py)
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    rows = []
+    for name in ("scan0", "large"):
+        pts = torch.from_numpy(load(a.workloads, f"{name}_xyzr")).to(dev)
+        for cfg_name, cfg in wl.VOXEL_CFGS.items():
+            gen = PointToVoxel(vsize_xyz=cfg["vsize"], coors_range_xyz=cfg["rng"], num_point_features=4,
+                               max_num_voxels=cfg["max_voxels"], max_num_points_per_voxel=cfg["max_points"],
+                               device=dev)
+            ms, (_, coords, npts) = cuda_ms(lambda: gen(pts), a.runs)
+            theirs = np.concatenate([coords.cpu().numpy(), npts.cpu().numpy()[:, None]], axis=1).astype(np.int64)
+            ref = our_indices(a.ours, f"voxels_{cfg_name}_{name}").reshape(-1, 4).astype(np.int64)
+            t_set = {tuple(r) for r in theirs.tolist()}
+            o_set = {tuple(r) for r in ref.tolist()}
+            common = len({tuple(r[:3]) for r in t_set} & {tuple(r[:3]) for r in o_set})
+            eq = ("yes" if t_set == o_set else
+                  f"no: V {len(theirs)} vs our {len(ref)}, {common} coordinates in common, "
+                  f"{len(t_set & o_set)} with the same count")
+            workload = f"W1 {cfg_name} {name}_xyzr"
+            rows.append((f"voxelize_hard {workload}", f"spconv {spconv.__version__} PointToVoxel",
+                         gpu.get(("voxelize_hard", workload)), ms, eq))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workloads")
@@ -57,6 +96,8 @@ def main():
     ap.add_argument("bench_md")
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--out")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--workloads-py", default=os.path.join(here, "..", "..", "shared", "bench", "workloads.py"))
     a = ap.parse_args()
     dev = torch.device("cuda")
     gpu = our_gpu_ms(a.bench_md)
@@ -86,6 +127,8 @@ def main():
             same_sets = sum(set(r) == set(s) for r, s in zip(idx.tolist(), ref.tolist()))
             rows.append((f"{name} k={k}", f"torch.cdist ({mode}) + topk", gpu.get(op_workload), ms,
                          f"{same_rows}/{len(q)} rows identical, {same_sets}/{len(q)} as sets"))
+
+    rows.extend(spconv_rows(a, dev, gpu))
 
     head = (f"GPU peers, {time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
             f"torchvision {torchvision.__version__}; CUDA events, medians of {a.runs} after warm-up")

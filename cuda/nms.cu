@@ -200,6 +200,24 @@ __device__ __noinline__ float rot_iou_exact(const float* a, const float* b) {
     return __fdiv_rn(inter, uni);
 }
 
+// O(a, b) of the frame bound (ops::nms::rot_frame_overlap): b's extent along a's axes overlapped
+// with a's, per axis.
+#define FRAME_BOUND_MARGIN 1.0009765625f
+__device__ __forceinline__ float rot_frame_overlap(const float* a, const float* b) {
+    const float dx = __fsub_rn(b[0], a[0]);
+    const float dy = __fsub_rn(b[1], a[1]);
+    const float as = a[2], ac = a[3], bs = b[2], bc = b[3];
+    const float px = __fadd_rn(__fmul_rn(dx, ac), __fmul_rn(dy, as));
+    const float py = __fsub_rn(__fmul_rn(dy, ac), __fmul_rn(dx, as));
+    const float cr = __fadd_rn(__fmul_rn(bc, ac), __fmul_rn(bs, as));
+    const float sr = __fsub_rn(__fmul_rn(bs, ac), __fmul_rn(bc, as));
+    const float ex = __fadd_rn(fabsf(__fmul_rn(b[4], cr)), fabsf(__fmul_rn(b[5], sr)));
+    const float ey = __fadd_rn(fabsf(__fmul_rn(b[4], sr)), fabsf(__fmul_rn(b[5], cr)));
+    const float ox = fmaxf(__fsub_rn(fminf(a[4], __fadd_rn(px, ex)), fmaxf(-a[4], __fsub_rn(px, ex))), 0.0f);
+    const float oy = fmaxf(__fsub_rn(fminf(a[5], __fadd_rn(py, ey)), fmaxf(-a[5], __fsub_rn(py, ey))), 0.0f);
+    return __fmul_rn(ox, oy);
+}
+
 // The tests of RotOverlap::suppresses before the exact IoU, in its order (the mask kernels queue
 // the pairs that pass for rot_iou_exact). Symmetric in a and b.
 __device__ __forceinline__ bool rot_prefilter(const float* a, const float* b, float t) {
@@ -208,7 +226,10 @@ __device__ __forceinline__ bool rot_prefilter(const float* a, const float* b, fl
     // Exact area bound (same decision).
     float m = fminf(a[6], b[6]);
     if (!(__fdiv_rn(m, __fsub_rn(__fadd_rn(a[6], b[6]), m)) > t)) return false;
-    return a[6] != 0.0f && b[6] != 0.0f;
+    if (a[6] == 0.0f || b[6] == 0.0f) return false;
+    // The frame bound (step 2a of RotatedBev): most pairs of a cluster stop here, not in the clip.
+    const float bound = fminf(rot_frame_overlap(a, b), rot_frame_overlap(b, a));
+    return __fmul_rn(__fdiv_rn(bound, __fsub_rn(__fadd_rn(a[6], b[6]), bound)), FRAME_BOUND_MARGIN) > t;
 }
 
 // Columns per chunk of the rotated mask: the pairs that pass the cheap tests of a chunk are queued

@@ -832,3 +832,27 @@ fn timing() {
     bench(NmsKind::RotatedBev, 20_000, 0.7);
     bench(NmsKind::Circle, 20_000, 0.5);
 }
+
+/// The frame bound (RotatedBev step 2a) never rejects a pair that the IoU suppresses: random
+/// pairs of a box and a jittered copy (near copies to disjoint neighbours), each at the largest
+/// threshold below its own IoU, where the bound's margin is thinnest.
+#[test]
+fn frame_bound_never_rejects_a_suppressing_pair() {
+    let mut rng = StdRng::seed_from_u64(0x6672_616d_65);
+    let mut tested = 0;
+    for i in 0..30_000 {
+        let (l, w) = (rng.random_range(0.2f32..6.0), rng.random_range(0.2f32..3.0));
+        let a = bx(rng.random_range(-60.0..60.0), rng.random_range(-60.0..60.0), l, w, rng.random_range(-3.1..3.1));
+        let jitter = [0.01f32, 0.1, 0.5][i % 3];
+        let mut j = |scale: f32| rng.random_range(-jitter..jitter) * scale;
+        let b = bx(a.x + j(l), a.y + j(l), l * (1.0 + j(0.3)), w * (1.0 + j(0.3)), a.yaw + j(2.0));
+        let iou = iou_rotated_bev(&a, &b);
+        if !(iou > 0.0) {
+            continue;
+        }
+        let t = f32::from_bits(iou.to_bits() - 1);
+        assert_eq!(keep(NmsKind::RotatedBev, t, &[a, b], &[1.0, 0.5]), vec![0], "{a:?} / {b:?}: IoU {iou}, t {t}");
+        tested += 1;
+    }
+    assert!(tested > 20_000, "only {tested} overlapping pairs");
+}

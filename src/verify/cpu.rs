@@ -129,8 +129,8 @@ pub struct CpuOpRow {
     pub median_ms: f64,
 }
 
-/// The CPU reference of FPS, KNN, ball query, the voxel-grid downsample's voxel numbering and
-/// axis-aligned NMS on the fixed workloads (`workloads.py --dump`),
+/// The CPU reference of FPS, KNN, ball query, the voxel-grid downsample's voxel numbering, hard
+/// voxelization (W1) and axis-aligned NMS on the fixed workloads (`workloads.py --dump`),
 /// median of `runs` runs at each thread count; each operator's indices are written to
 /// `outputs/NAME.bin` (int32, little endian, row-major) and the medians to `outputs/ours.tsv`, for
 /// bench/cpu_peers.py to time the peers beside them on the same inputs and compare.
@@ -150,6 +150,10 @@ pub fn bench_cpu_ops(
     let w3a = cloud("w3a_xyz")?;
     let queries = scan0.select(&super::workload_indices(workloads, "w3b_queries_idx")?);
     let nms_workloads = super::nms::load_workloads(workloads)?;
+    let w1_clouds = [
+        ("scan0", super::voxel::load_xyzr(workloads, "scan0_xyzr")?),
+        ("large", super::voxel::load_xyzr(workloads, "large_xyzr")?),
+    ];
     type Op<'a> = Box<dyn Fn() -> Result<Vec<i32>, VerifyError> + Sync + 'a>;
     let mut ops: Vec<(String, String, Op)> = vec![
         (
@@ -197,6 +201,19 @@ pub fn bench_cpu_ops(
                 Ok(out.keep.iter().map(|&k| k as i32).collect())
             }),
         ));
+    }
+    // Hard voxelization (W1, spconv PointToVoxel's workloads): per voxel z, y, x, num_points.
+    for (wl, cloud) in &w1_clouds {
+        for (cfg, params) in [("pillars", super::voxel::w1_pillars()), ("voxels", super::voxel::w1_voxels())] {
+            ops.push((
+                format!("voxels_{cfg}_{wl}"),
+                format!("W1 {cfg} {wl}_xyzr (rows: z, y, x, num_points)"),
+                Box::new(move || {
+                    let h = crate::ops::voxel::voxelize_hard(cloud, &params)?;
+                    Ok(h.coords.iter().zip(&h.num_points).flat_map(|(c, &n)| [c[0], c[1], c[2], n as i32]).collect())
+                }),
+            ));
+        }
     }
     std::fs::create_dir_all(outputs).map_err(|e| VerifyError::workload(outputs, e))?;
     let pools = pools(threads)?;

@@ -425,7 +425,7 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
 }
 
 /// Reads `dir/name.bin` as `[N, 4]` float32 LE (x, y, z, r) into a cloud.
-fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, VerifyError> {
+pub(crate) fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, VerifyError> {
     let p = dir.join(format!("{name}.bin"));
     let bytes = std::fs::read(&p).map_err(|e| VerifyError::workload(&p, e))?;
     if bytes.len() % 16 != 0 {
