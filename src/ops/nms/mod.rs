@@ -446,7 +446,6 @@ fn clip(inp: &Poly, out: &mut Poly, on_x: bool, bound: f32, keep_le: bool) {
     out.n = m;
 }
 
-#[inline]
 /// `O(a, b)` of the frame bound (module documentation, RotatedBev step 2a): b's extent along a's
 /// axes overlapped with a's, per axis.
 #[inline]
@@ -476,6 +475,7 @@ fn rot_frame_bound_passes(a: &RotPrep, b: &RotPrep, t: f32) -> bool {
 /// frame bound.
 const FRAME_BOUND_MARGIN: f32 = 1.0009765625;
 
+#[inline]
 fn rot_iou(a: &RotPrep, b: &RotPrep) -> f32 {
     if a.area == 0.0 || b.area == 0.0 {
         return 0.0;
