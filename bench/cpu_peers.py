@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our CPU operators beside the CPU peers a user can pip install, on the same inputs.
 
-    pip install numpy scipy fpsample==0.3.3 open3d     # open3d also needs libusb-1.0 (apt)
+    pip install numpy scipy fpsample==0.3.3 open3d spconv-cu126==2.3.8   # open3d also needs libusb-1.0 (apt)
     python3 shared/bench/workloads.py --dump /tmp/wl --repo-root <dir holding shared/>
     lidar-kernels bench-cpu-ops /tmp/wl --outputs /tmp/ours --threads 1,2
     python3 bench/cpu_peers.py /tmp/wl /tmp/ours [--runs 9] [--out table.md]
@@ -16,6 +16,8 @@ import platform
 import statistics
 import sys
 import time
+
+import importlib.util
 
 import numpy as np
 
@@ -51,6 +53,9 @@ def main():
     ap.add_argument("ours")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--workloads-py", default=os.path.join(here, "..", "..", "shared", "bench", "workloads.py"),
+                    help="shared/bench/workloads.py, for the W1 voxel configurations")
     a = ap.parse_args()
 
     scan0 = load(a.workloads, "scan0_xyz")
@@ -130,6 +135,38 @@ def main():
         )
     except ImportError:
         skipped.append("open3d")
+
+    try:
+        import spconv
+        from cumm import tensorview as tv
+        from spconv.utils import Point2VoxelCPU3d
+
+        versions["spconv"] = spconv.__version__
+        spec = importlib.util.spec_from_file_location("workloads", a.workloads_py)
+        wl = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(wl)
+        for cloud in ("scan0", "large"):
+            pts = np.ascontiguousarray(load(a.workloads, f"{cloud}_xyzr"))
+            for cfg_name, cfg in wl.VOXEL_CFGS.items():
+                name = f"voxels_{cfg_name}_{cloud}"
+                width = 4 * cfg["max_points"]
+                ref = ours[name].reshape(-1, 4 + width)
+                gen = Point2VoxelCPU3d(cfg["vsize"], cfg["rng"], 4, cfg["max_voxels"], cfg["max_points"])
+
+                def same(out, ref=ref, width=width):
+                    vox, idx, npv = (t.numpy_view() for t in out)
+                    rows = np.concatenate([idx, npv[:, None]], axis=1)
+                    if rows.shape != ref[:, :4].shape:
+                        return f"no: V {len(rows)} vs our {len(ref)}"
+                    same_rows = int((rows == ref[:, :4]).all(axis=1).sum())
+                    same_features = int((vox.reshape(len(vox), width).view(np.int32) == ref[:, 4:]).all(axis=1).sum())
+                    if same_rows == len(ref) and same_features == len(ref):
+                        return f"yes: V {len(ref)}, coordinates, counts and features bit for bit, in order"
+                    return f"no: {same_rows}/{len(ref)} voxels with the same coordinates and count, {same_features} with the same features"
+
+                add(name, "spconv Point2VoxelCPU3d", lambda gen=gen, pts=pts: gen.point_to_voxel(tv.from_numpy(pts)), same)
+    except ImportError:
+        skipped.append("spconv")
 
     threads = sorted({t for v in ours_ms.values() for t in v})
     head = " | ".join(f"ours {t} thr ms" for t in threads)

@@ -76,7 +76,8 @@ def spconv_rows(a, dev, gpu):
                                device=dev)
             ms, (_, coords, npts) = cuda_ms(lambda: gen(pts), a.runs)
             theirs = np.concatenate([coords.cpu().numpy(), npts.cpu().numpy()[:, None]], axis=1).astype(np.int64)
-            ref = our_indices(a.ours, f"voxels_{cfg_name}_{name}").reshape(-1, 4).astype(np.int64)
+            ref = our_indices(a.ours, f"voxels_{cfg_name}_{name}").reshape(-1, 4 + 4 * cfg["max_points"])[:, :4]
+            ref = ref.astype(np.int64)
             t_set = {tuple(r) for r in theirs.tolist()}
             o_set = {tuple(r) for r in ref.tolist()}
             common = len({tuple(r[:3]) for r in t_set} & {tuple(r[:3]) for r in o_set})

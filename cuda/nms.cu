@@ -642,11 +642,12 @@ MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
 // Sweep: the greedy keep list as a fixed point, resolved in rounds by the whole grid.
 //
 // A box is kept iff no kept higher-ranked box suppresses it. Each round resolves, from the state
-// the last round left, every box none of whose suppressors is unresolved (kept) and every box one
-// of whose suppressors is kept (removed); the others wait. This is the fixed point of the greedy
+// the last round left, every box that no kept or unresolved box suppresses (kept) and every box
+// that a kept box suppresses (removed); the others wait. This is the fixed point of the greedy
 // rule, which is unique, so the keep list is the serial sweep's whatever the scheduling; only the
 // number of rounds depends on the input: the depth of its chains of unresolved suppressors (5-8
-// on the bench's 4k-50k box sets; a serial walk of the rank tiles costs ~0.9 us per tile).
+// on the bench's circle and axis-aligned sets; one block walking the rank tiles took ~0.9 us per
+// tile instead).
 //
 // Round r: one warp per live pair block whose groups have unresolved boxes ORs, per row, whether a
 // kept / an unresolved box of the other group suppresses it into hitk / hitu of the row's group

@@ -118,6 +118,32 @@ pub fn bench_cpu(
     Ok(CpuBenchTable(rows))
 }
 
+/// What an operator of [`bench_cpu_ops`] returns; encoded as int32 after the timing.
+enum OpOutput {
+    Indices(Vec<i32>),
+    HardVoxels(crate::ops::voxel::HardVoxels),
+}
+
+impl OpOutput {
+    /// Indices as they are; hard voxels as a row per voxel: z, y, x, num_points, then the
+    /// `P x C` features' f32 bits.
+    fn into_i32(self) -> Vec<i32> {
+        match self {
+            OpOutput::Indices(v) => v,
+            OpOutput::HardVoxels(h) => {
+                let width = h.max_points * h.num_channels;
+                (0..h.coords.len())
+                    .flat_map(|v| {
+                        let c = h.coords[v];
+                        let features = h.features[v * width..(v + 1) * width].iter().map(|f| f.to_bits() as i32);
+                        [c[0], c[1], c[2], h.num_points[v] as i32].into_iter().chain(features)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// One operator of [`bench_cpu_ops`] at one thread count.
 #[derive(Debug, Clone)]
 pub struct CpuOpRow {
@@ -154,29 +180,33 @@ pub fn bench_cpu_ops(
         ("scan0", super::voxel::load_xyzr(workloads, "scan0_xyzr")?),
         ("large", super::voxel::load_xyzr(workloads, "large_xyzr")?),
     ];
-    type Op<'a> = Box<dyn Fn() -> Result<Vec<i32>, VerifyError> + Sync + 'a>;
+    type Op<'a> = Box<dyn Fn() -> Result<OpOutput, VerifyError> + Sync + 'a>;
     let mut ops: Vec<(String, String, Op)> = vec![
         (
             "fps_w2a".into(),
             "W2a scan0 107,647 -> 4096, start 0".into(),
-            Box::new(|| Ok(farthest_point_sample(&scan0, &FpsParams { num_samples: 4096, start_index: 0 })?.indices)),
+            Box::new(|| {
+                Ok(OpOutput::Indices(
+                    farthest_point_sample(&scan0, &FpsParams { num_samples: 4096, start_index: 0 })?.indices,
+                ))
+            }),
         ),
         (
             "knn_w3a".into(),
             "W3a k=16, 16384 queries = points".into(),
-            Box::new(|| Ok(knn(&w3a, &w3a, &KnnParams { k: 16 })?.indices)),
+            Box::new(|| Ok(OpOutput::Indices(knn(&w3a, &w3a, &KnnParams { k: 16 })?.indices))),
         ),
         (
             "knn_w3b".into(),
             "W3b k=32, 4096 FPS queries into scan0".into(),
-            Box::new(|| Ok(knn(&scan0, &queries, &KnnParams { k: 32 })?.indices)),
+            Box::new(|| Ok(OpOutput::Indices(knn(&scan0, &queries, &KnnParams { k: 32 })?.indices))),
         ),
         (
             "ball_w4".into(),
             "W4 r=1 m, 32 samples (first found), 4096 FPS queries into scan0".into(),
             Box::new(|| {
                 let p = BallQueryParams { radius: 1.0, min_radius: 0.0, nsample: 32, padding: BallPadding::FirstFound };
-                Ok(ball_query(&scan0, &queries, &p)?.indices)
+                Ok(OpOutput::Indices(ball_query(&scan0, &queries, &p)?.indices))
             }),
         ),
         (
@@ -187,7 +217,7 @@ pub fn bench_cpu_ops(
                     voxel_size: [0.2; 3],
                     point_cloud_range: [-100.0, -100.0, -10.0, 100.0, 100.0, 10.0],
                 };
-                Ok(crate::ops::voxel::voxelize_dynamic(&scan0, &grid).point_voxel)
+                Ok(OpOutput::Indices(crate::ops::voxel::voxelize_dynamic(&scan0, &grid).point_voxel))
             }),
         ),
     ];
@@ -198,20 +228,17 @@ pub fn bench_cpu_ops(
             format!("W5a {}", w.name),
             Box::new(move || {
                 let out = crate::ops::nms::nms(&w.boxes, &w.scores, &[], &w.params)?;
-                Ok(out.keep.iter().map(|&k| k as i32).collect())
+                Ok(OpOutput::Indices(out.keep.iter().map(|&k| k as i32).collect()))
             }),
         ));
     }
-    // Hard voxelization (W1, spconv PointToVoxel's workloads): per voxel z, y, x, num_points.
+    // Hard voxelization (W1, spconv PointToVoxel's workloads): a row per voxel.
     for (wl, cloud) in &w1_clouds {
         for (cfg, params) in [("pillars", super::voxel::w1_pillars()), ("voxels", super::voxel::w1_voxels())] {
             ops.push((
                 format!("voxels_{cfg}_{wl}"),
-                format!("W1 {cfg} {wl}_xyzr (rows: z, y, x, num_points)"),
-                Box::new(move || {
-                    let h = crate::ops::voxel::voxelize_hard(cloud, &params)?;
-                    Ok(h.coords.iter().zip(&h.num_points).flat_map(|(c, &n)| [c[0], c[1], c[2], n as i32]).collect())
-                }),
+                format!("W1 {cfg} {wl}_xyzr (rows: z, y, x, num_points, the P x 4 features as f32 bits)"),
+                Box::new(move || Ok(OpOutput::HardVoxels(crate::ops::voxel::voxelize_hard(cloud, &params)?))),
             ));
         }
     }
@@ -219,12 +246,12 @@ pub fn bench_cpu_ops(
     let pools = pools(threads)?;
     let mut rows = Vec::new();
     for (name, workload, op) in &ops {
-        let mut indices = Vec::new();
+        let mut output = OpOutput::Indices(Vec::new());
         for (t, pool) in &pools {
             let mut ms = Vec::with_capacity(runs);
             for _ in 0..runs + 1 {
                 let start = std::time::Instant::now();
-                indices = pool.install(op)?;
+                output = pool.install(op)?;
                 ms.push(start.elapsed().as_secs_f64() * 1e3);
             }
             ms.remove(0);
@@ -238,7 +265,7 @@ pub fn bench_cpu_ops(
         }
         // The same bits at every thread count: one file.
         let path = outputs.join(format!("{name}.bin"));
-        let bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let bytes: Vec<u8> = output.into_i32().iter().flat_map(|i| i.to_le_bytes()).collect();
         std::fs::write(&path, bytes).map_err(|e| VerifyError::workload(&path, e))?;
     }
     let tsv: String =
