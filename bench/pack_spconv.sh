@@ -13,7 +13,8 @@ work=$(mktemp -d)
 mkdir -p "$out/deps"
 pip download -q --no-deps --python-version "$py" --only-binary=:all: --platform manylinux_2_28_x86_64 \
     -d "$work/wheels" spconv-cu126==2.3.8 cumm-cu126==0.7.11
-pip download -q --no-deps -d "$out/deps" pccm ccimport fire pybind11 portalocker lark ninja termcolor
+pip download -q --python-version "$py" --only-binary=:all: --platform manylinux_2_28_x86_64 \
+    --platform manylinux2014_x86_64 -d "$out/deps" pccm ccimport fire pybind11
 mkdir "$work/tree"
 for w in "$work"/wheels/*"$tag"*.whl; do (cd "$work/tree" && python3 -m zipfile -e "$w" .); done
 tar cf - -C "$work/tree" . | xz -T0 -9 > "$out/spconv.tar.xz"

@@ -161,15 +161,22 @@ __device__ __forceinline__ int clip_poly(const float* ix, const float* iy, int n
     return m;
 }
 
+// b in a's frame (step 2 of RotatedBev, ops::nms::in_frame_of): centre (px, py), heading (cr, sr).
+__device__ __forceinline__ void in_frame_of(const float* a, const float* b, float& px, float& py, float& cr,
+                                            float& sr) {
+    const float dx = __fsub_rn(b[0], a[0]);
+    const float dy = __fsub_rn(b[1], a[1]);
+    const float as = a[2], ac = a[3], bs = b[2], bc = b[3];
+    px = __fadd_rn(__fmul_rn(dx, ac), __fmul_rn(dy, as));
+    py = __fsub_rn(__fmul_rn(dy, ac), __fmul_rn(dx, as));
+    cr = __fadd_rn(__fmul_rn(bc, ac), __fmul_rn(bs, as));
+    sr = __fsub_rn(__fmul_rn(bs, ac), __fmul_rn(bc, as));
+}
+
 __device__ __noinline__ float rot_iou_exact(const float* a, const float* b) {
     // Step 1 (area and bounding rectangles) was checked by the caller, as in RotOverlap.
-    float dx = __fsub_rn(b[0], a[0]);
-    float dy = __fsub_rn(b[1], a[1]);
-    float as = a[2], ac = a[3], bs = b[2], bc = b[3];
-    float px = __fadd_rn(__fmul_rn(dx, ac), __fmul_rn(dy, as));
-    float py = __fsub_rn(__fmul_rn(dy, ac), __fmul_rn(dx, as));
-    float cr = __fadd_rn(__fmul_rn(bc, ac), __fmul_rn(bs, as));
-    float sr = __fsub_rn(__fmul_rn(bs, ac), __fmul_rn(bc, as));
+    float px, py, cr, sr;
+    in_frame_of(a, b, px, py, cr, sr);
     float ux = __fmul_rn(b[4], cr);
     float uy = __fmul_rn(b[4], sr);
     float vx = __fmul_rn(b[5], sr);
@@ -204,13 +211,8 @@ __device__ __noinline__ float rot_iou_exact(const float* a, const float* b) {
 // with a's, per axis.
 #define FRAME_BOUND_MARGIN 1.0009765625f
 __device__ __forceinline__ float rot_frame_overlap(const float* a, const float* b) {
-    const float dx = __fsub_rn(b[0], a[0]);
-    const float dy = __fsub_rn(b[1], a[1]);
-    const float as = a[2], ac = a[3], bs = b[2], bc = b[3];
-    const float px = __fadd_rn(__fmul_rn(dx, ac), __fmul_rn(dy, as));
-    const float py = __fsub_rn(__fmul_rn(dy, ac), __fmul_rn(dx, as));
-    const float cr = __fadd_rn(__fmul_rn(bc, ac), __fmul_rn(bs, as));
-    const float sr = __fsub_rn(__fmul_rn(bs, ac), __fmul_rn(bc, as));
+    float px, py, cr, sr;
+    in_frame_of(a, b, px, py, cr, sr);
     const float ex = __fadd_rn(fabsf(__fmul_rn(b[4], cr)), fabsf(__fmul_rn(b[5], sr)));
     const float ey = __fadd_rn(fabsf(__fmul_rn(b[4], sr)), fabsf(__fmul_rn(b[5], cr)));
     const float ox = fmaxf(__fsub_rn(fminf(a[4], __fadd_rn(px, ex)), fmaxf(-a[4], __fsub_rn(px, ex))), 0.0f);
@@ -227,7 +229,7 @@ __device__ __forceinline__ bool rot_prefilter(const float* a, const float* b, fl
     float m = fminf(a[6], b[6]);
     if (!(__fdiv_rn(m, __fsub_rn(__fadd_rn(a[6], b[6]), m)) > t)) return false;
     if (a[6] == 0.0f || b[6] == 0.0f) return false;
-    // The frame bound (step 2a of RotatedBev): most pairs of a cluster stop here, not in the clip.
+    // The frame bound (step 3 of RotatedBev): most pairs of a cluster stop here, not in the clip.
     const float bound = fminf(rot_frame_overlap(a, b), rot_frame_overlap(b, a));
     return __fmul_rn(__fdiv_rn(bound, __fsub_rn(__fadd_rn(a[6], b[6]), bound)), FRAME_BOUND_MARGIN) > t;
 }

@@ -50,7 +50,12 @@
 //! 1. `iou = 0` if `a.area == 0` or `b.area == 0` (zero-area boxes never suppress nor are
 //!    suppressed), or if the bounding rectangles do not overlap strictly:
 //!    `!(min(a.xmax,b.xmax) > max(a.xmin,b.xmin))` or the same in y.
-//! 2a. Frame bound (decided before the clip, on both backends): `O(a, b) = ox*oy` with, in a's
+//! 2. b in a's frame: `dx = b.x-a.x`, `dy = b.y-a.y`, `px = dx*a.c + dy*a.s`,
+//!    `py = dy*a.c - dx*a.s`, `cr = b.c*a.c + b.s*a.s`, `sr = b.s*a.c - b.c*a.s`,
+//!    `ux = b.hl*cr`, `uy = b.hl*sr`, `vx = b.hw*sr`, `vy = b.hw*cr`; corners (counter-clockwise)
+//!    `P0 = ((px+ux)-vx, (py+uy)+vy)`, `P1 = ((px-ux)-vx, (py-uy)+vy)`,
+//!    `P2 = ((px-ux)+vx, (py-uy)-vy)`, `P3 = ((px+ux)+vx, (py+uy)-vy)`.
+//! 3. Frame bound (decided before the clip, on both backends): `O(a, b) = ox*oy` with, in a's
 //!    frame as in step 2, `ex = |b.hl*cr| + |b.hw*sr|`, `ey = |b.hl*sr| + |b.hw*cr|`,
 //!    `ox = max(0, min(a.hl, px+ex) - max(-a.hl, px-ex))`, `oy` the same with `py`, `ey`, `a.hw`;
 //!    `bound = min(O(a, b), O(b, a))`. The pair does not suppress unless
@@ -59,21 +64,16 @@
 //!    `bound >= inter` and the IoU cannot pass; the 2^-10 margin covers the rounding (the test
 //!    `frame_bound_never_rejects_a_suppressing_pair` checks it). Most pairs of a cluster of
 //!    jittered detections stop here instead of in the clip.
-//! 2. b in a's frame: `dx = b.x-a.x`, `dy = b.y-a.y`, `px = dx*a.c + dy*a.s`,
-//!    `py = dy*a.c - dx*a.s`, `cr = b.c*a.c + b.s*a.s`, `sr = b.s*a.c - b.c*a.s`,
-//!    `ux = b.hl*cr`, `uy = b.hl*sr`, `vx = b.hw*sr`, `vy = b.hw*cr`; corners (counter-clockwise)
-//!    `P0 = ((px+ux)-vx, (py+uy)+vy)`, `P1 = ((px-ux)-vx, (py-uy)+vy)`,
-//!    `P2 = ((px-ux)+vx, (py-uy)-vy)`, `P3 = ((px+ux)+vx, (py+uy)-vy)`.
-//! 3. Sutherland-Hodgman: clip `[P0..P3]` by `x <= a.hl`, then `y <= a.hw`, then `x >= -a.hl`,
+//! 4. Sutherland-Hodgman: clip `[P0..P3]` by `x <= a.hl`, then `y <= a.hw`, then `x >= -a.hl`,
 //!    then `y >= -a.hw` (inside tests inclusive). One clip walks the edges `p -> q` with
 //!    `p = V[(k+n-1)%n]`, `q = V[k]` for `k = 0..n`: if `inside(p) != inside(q)` emit the crossing
 //!    of `p -> q` (for `x = X`: `t = (X-p.x)/(q.x-p.x)`, point `(X, p.y + t*(q.y-p.y))`; for
 //!    `y = Y`: `t = (Y-p.y)/(q.y-p.y)`, point `(p.x + t*(q.x-p.x), Y)`); then if `inside(q)` emit
 //!    `q`. At most 19 vertices can result, whatever the rounding (4 -> 6 -> 9 -> 13 -> 19).
-//! 4. `inter = 0` if fewer than 3 vertices remain; else shoelace
+//! 5. `inter = 0` if fewer than 3 vertices remain; else shoelace
 //!    `acc = 0; for k in 0..n { acc = acc + (V[k].x*V[k1].y - V[k1].x*V[k].y) }` with
 //!    `k1 = (k+1)%n`, and `inter = min(max(acc, 0)*0.5, min(a.area, b.area))`.
-//! 5. `union = (a.area+b.area) - inter`, `iou = inter/union`. Suppress iff `iou > threshold`.
+//! 6. `union = (a.area+b.area) - inter`, `iou = inter/union`. Suppress iff `iou > threshold`.
 //!
 //! **Circle** (CenterPoint `circle_nms`). `dx = a.x-b.x`, `dy = a.y-b.y`,
 //! `d2 = dx*dx + dy*dy`, `t2 = threshold*threshold`; suppress iff `d2 <= t2`. CenterPoint's
@@ -446,16 +446,19 @@ fn clip(inp: &Poly, out: &mut Poly, on_x: bool, bound: f32, keep_le: bool) {
     out.n = m;
 }
 
-/// `O(a, b)` of the frame bound (module documentation, RotatedBev step 2a): b's extent along a's
+/// b in a's frame (RotatedBev step 2): its centre `(px, py)` and heading `(cr, sr)`.
+#[inline]
+fn in_frame_of(a: &RotPrep, b: &RotPrep) -> (f32, f32, f32, f32) {
+    let dx = b.x - a.x;
+    let dy = b.y - a.y;
+    (dx * a.c + dy * a.s, dy * a.c - dx * a.s, b.c * a.c + b.s * a.s, b.s * a.c - b.c * a.s)
+}
+
+/// `O(a, b)` of the frame bound (module documentation, RotatedBev step 3): b's extent along a's
 /// axes overlapped with a's, per axis.
 #[inline]
 fn rot_frame_overlap(a: &RotPrep, b: &RotPrep) -> f32 {
-    let dx = b.x - a.x;
-    let dy = b.y - a.y;
-    let px = dx * a.c + dy * a.s;
-    let py = dy * a.c - dx * a.s;
-    let cr = b.c * a.c + b.s * a.s;
-    let sr = b.s * a.c - b.c * a.s;
+    let (px, py, cr, sr) = in_frame_of(a, b);
     let ex = (b.hl * cr).abs() + (b.hw * sr).abs();
     let ey = (b.hl * sr).abs() + (b.hw * cr).abs();
     let ox = (a.hl.min(px + ex) - (-a.hl).max(px - ex)).max(0.0);
@@ -463,7 +466,7 @@ fn rot_frame_overlap(a: &RotPrep, b: &RotPrep) -> f32 {
     ox * oy
 }
 
-/// RotatedBev step 2a: whether the frame bound leaves the pair a chance to suppress (symmetric
+/// RotatedBev step 3: whether the frame bound leaves the pair a chance to suppress (symmetric
 /// in a and b; both areas non-zero).
 #[inline]
 fn rot_frame_bound_passes(a: &RotPrep, b: &RotPrep, t: f32) -> bool {
@@ -473,7 +476,7 @@ fn rot_frame_bound_passes(a: &RotPrep, b: &RotPrep, t: f32) -> bool {
 
 /// `1 + 2^-10` (exact in f32): covers the rounding by which the clipped area may exceed the
 /// frame bound.
-const FRAME_BOUND_MARGIN: f32 = 1.0009765625;
+const FRAME_BOUND_MARGIN: f32 = 1.0 + 1.0 / 1024.0;
 
 #[inline]
 fn rot_iou(a: &RotPrep, b: &RotPrep) -> f32 {
@@ -483,12 +486,7 @@ fn rot_iou(a: &RotPrep, b: &RotPrep) -> f32 {
     if !(a.xmax.min(b.xmax) > a.xmin.max(b.xmin)) || !(a.ymax.min(b.ymax) > a.ymin.max(b.ymin)) {
         return 0.0;
     }
-    let dx = b.x - a.x;
-    let dy = b.y - a.y;
-    let px = dx * a.c + dy * a.s;
-    let py = dy * a.c - dx * a.s;
-    let cr = b.c * a.c + b.s * a.s;
-    let sr = b.s * a.c - b.c * a.s;
+    let (px, py, cr, sr) = in_frame_of(a, b);
     let ux = b.hl * cr;
     let uy = b.hl * sr;
     let vx = b.hw * sr;
