@@ -649,7 +649,8 @@ MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
 // rule, which is unique, so the keep list is the serial sweep's whatever the scheduling; only the
 // number of rounds depends on the input: the depth of its chains of unresolved suppressors (5-8
 // on the bench's circle and axis-aligned sets; one block walking the rank tiles took ~0.9 us per
-// tile instead).
+// tile instead). The worst case is a chain in which each box suppresses only the next one in
+// score order (boxes along a line, scores falling along it): one round per box.
 //
 // Round r: one warp per live pair block whose groups have unresolved boxes ORs, per row, whether a
 // kept / an unresolved box of the other group suppresses it into hitk / hitu of the row's group

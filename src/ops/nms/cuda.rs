@@ -23,8 +23,8 @@
 //!    from the pair blocks: a box suppressed by a kept box is removed, a box that no kept or
 //!    unresolved box suppresses is kept, the others wait. The fixed point is unique, so the keep
 //!    list is the serial sweep's whatever the scheduling; the rounds are the depth of the chains
-//!    of unresolved suppressors (5-8 on the bench's circle and axis-aligned sets). `post_max_size`
-//!    cuts the list.
+//!    of unresolved suppressors (5-8 on the bench's circle and axis-aligned sets; at worst one per
+//!    box, for a chain in which each box suppresses only the next). `post_max_size` cuts the list.
 //! 5. the kept input indices and their count are the only data copied back.
 //!
 //! When the grouped mask lists more group pairs than its lists hold (boxes packed together, so
