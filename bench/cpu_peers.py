@@ -17,11 +17,9 @@ import statistics
 import sys
 import time
 
-import importlib.util
-
 import numpy as np
 
-from workload_io import emit, load, ours as our_indices
+from workload_io import DEFAULT_WORKLOADS_PY, emit, load, our_voxels, ours as our_indices, voxel_configs
 
 
 
@@ -53,8 +51,7 @@ def main():
     ap.add_argument("ours")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out")
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--workloads-py", default=os.path.join(here, "..", "..", "shared", "bench", "workloads.py"),
+    ap.add_argument("--workloads-py", default=DEFAULT_WORKLOADS_PY,
                     help="shared/bench/workloads.py, for the W1 voxel configurations")
     a = ap.parse_args()
 
@@ -142,15 +139,12 @@ def main():
         from spconv.utils import Point2VoxelCPU3d
 
         versions["spconv"] = spconv.__version__
-        spec = importlib.util.spec_from_file_location("workloads", a.workloads_py)
-        wl = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(wl)
         for cloud in ("scan0", "large"):
             pts = np.ascontiguousarray(load(a.workloads, f"{cloud}_xyzr"))
-            for cfg_name, cfg in wl.VOXEL_CFGS.items():
+            for cfg_name, cfg in voxel_configs(a.workloads_py).items():
                 name = f"voxels_{cfg_name}_{cloud}"
                 width = 4 * cfg["max_points"]
-                ref = ours[name].reshape(-1, 4 + width)
+                ref = our_voxels(a.ours, name, cfg["max_points"])
                 gen = Point2VoxelCPU3d(cfg["vsize"], cfg["rng"], 4, cfg["max_voxels"], cfg["max_points"])
 
                 def same(out, ref=ref, width=width):

@@ -13,8 +13,6 @@ shared/bench/workloads.py: pass --workloads-py when it is not at ../shared/bench
 repository), timed with CUDA events (median after warm-up), their outputs compared with ours.
 """
 import argparse
-import importlib.util
-import os
 import statistics
 import sys
 import time
@@ -22,7 +20,7 @@ import time
 import numpy as np
 import torch
 import torchvision
-from workload_io import emit, load, ours as our_indices
+from workload_io import DEFAULT_WORKLOADS_PY, emit, load, our_voxels, ours as our_indices, voxel_configs
 
 
 
@@ -64,20 +62,16 @@ def spconv_rows(a, dev, gpu):
     except ImportError as e:
         print(f"spconv: not compared ({e})", file=sys.stderr)
         return []
-    spec = importlib.util.spec_from_file_location("workloads", a.workloads_py)
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
     rows = []
     for name in ("scan0", "large"):
         pts = torch.from_numpy(load(a.workloads, f"{name}_xyzr")).to(dev)
-        for cfg_name, cfg in wl.VOXEL_CFGS.items():
+        for cfg_name, cfg in voxel_configs(a.workloads_py).items():
             gen = PointToVoxel(vsize_xyz=cfg["vsize"], coors_range_xyz=cfg["rng"], num_point_features=4,
                                max_num_voxels=cfg["max_voxels"], max_num_points_per_voxel=cfg["max_points"],
                                device=dev)
             ms, (_, coords, npts) = cuda_ms(lambda: gen(pts), a.runs)
             theirs = np.concatenate([coords.cpu().numpy(), npts.cpu().numpy()[:, None]], axis=1).astype(np.int64)
-            ref = our_indices(a.ours, f"voxels_{cfg_name}_{name}").reshape(-1, 4 + 4 * cfg["max_points"])[:, :4]
-            ref = ref.astype(np.int64)
+            ref = our_voxels(a.ours, f"voxels_{cfg_name}_{name}", cfg["max_points"])[:, :4].astype(np.int64)
             t_set = {tuple(r) for r in theirs.tolist()}
             o_set = {tuple(r) for r in ref.tolist()}
             common = len({tuple(r[:3]) for r in t_set} & {tuple(r[:3]) for r in o_set})
@@ -97,8 +91,8 @@ def main():
     ap.add_argument("bench_md")
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--out")
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--workloads-py", default=os.path.join(here, "..", "..", "shared", "bench", "workloads.py"))
+    ap.add_argument("--workloads-py", default=DEFAULT_WORKLOADS_PY,
+                    help="shared/bench/workloads.py, for the W1 voxel configurations")
     a = ap.parse_args()
     dev = torch.device("cuda")
     gpu = our_gpu_ms(a.bench_md)
