@@ -856,3 +856,20 @@ fn frame_bound_never_rejects_a_suppressing_pair() {
     }
     assert!(tested > 20_000, "only {tested} overlapping pairs");
 }
+
+// check-gpu's and bench's worst case for the fixed-point sweep is a chain only if each box
+// suppresses exactly the next: IoU (4 - 1) / (4 + 1) = 0.6 with the box 1 m on, 2 / 6 with the
+// one 2 m on, centres 1 m and 2 m apart against 1.5 m. Then the greedy sweep keeps every other box.
+#[test]
+fn chain_boxes_suppress_only_the_next_box() {
+    let n = 101;
+    let (boxes, scores) = lidar_kernels::verify::nms::chain_boxes(n);
+    let every_other: Vec<u32> = (0..n as u32).step_by(2).collect();
+    for kind in [NmsKind::AxisAligned, NmsKind::RotatedBev, NmsKind::Circle] {
+        let t = lidar_kernels::verify::nms::chain_threshold(kind);
+        let p = NmsParams::new(kind, t);
+        let (oracle_out, _) = oracle(&boxes, &scores, &[], &p);
+        assert_eq!(oracle_out.keep, every_other, "{kind:?}: the oracle's greedy sweep");
+        assert_eq!(keep(kind, t, &boxes, &scores), every_other, "{kind:?}");
+    }
+}

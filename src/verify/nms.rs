@@ -82,6 +82,24 @@ fn clustered_boxes(seed: u64, n: usize, clusters: usize, spread: f32) -> (Vec<Bo
     (boxes, scores, vec![0; n])
 }
 
+/// A suppression chain: `n` 4 m x 1.8 m boxes 1 m apart along x, scores falling along the line,
+/// so each box suppresses only the next one at [`chain_threshold`] (IoU 0.6 with the next, 0.33
+/// with the one after; centres 1 m and 2 m apart). The greedy sweep keeps every other box; the
+/// GPU's fixed-point sweep needs one round per box, its worst case.
+pub fn chain_boxes(n: usize) -> (Vec<Box3d>, Vec<f32>) {
+    let boxes = (0..n).map(|i| Box3d::new(i as f32, 0.0, 0.0, 4.0, 1.8, 1.6, 0.0)).collect();
+    let scores = (0..n).map(|i| 1.0 - i as f32 / n as f32).collect();
+    (boxes, scores)
+}
+
+/// The threshold at which [`chain_boxes`] chain: IoU 0.5, or 1.5 m between centres.
+pub fn chain_threshold(kind: NmsKind) -> f32 {
+    match kind {
+        NmsKind::Circle => 1.5,
+        NmsKind::AxisAligned | NmsKind::RotatedBev => 0.5,
+    }
+}
+
 fn compare_row(
     ctx: &GpuContext,
     dev: &mut DeviceNms,
@@ -235,6 +253,23 @@ pub fn check_sizes(
                 &scores,
                 &classes,
                 &params,
+            )?);
+        }
+    }
+    // The sweep's worst case: one round per box of a 2000-box suppression chain.
+    {
+        let n = 2000;
+        let (boxes, scores) = chain_boxes(n);
+        for kind in kinds {
+            rows.push(compare_row(
+                ctx,
+                &mut dev,
+                kind_name(kind),
+                format!("chain of {n} boxes 1 m apart, threshold {}", chain_threshold(kind)),
+                &boxes,
+                &scores,
+                &vec![0; n],
+                &NmsParams::new(kind, chain_threshold(kind)),
             )?);
         }
     }
@@ -454,14 +489,29 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// CUDA-event time of the whole device NMS (sort + prep + mask + sweep; boxes already on the
 /// device, the keep list's read-back excluded), warm-up then the median of 60 runs, on the fixed
-/// workloads in `workloads`. Each row's note has the per-stage medians and whether the keep list
-/// equals the CPU reference.
+/// workloads in `workloads` and on a 2000-box suppression chain ([`chain_boxes`], axis-aligned and
+/// circle). Each row's note has the per-stage medians and whether the keep list equals the CPU
+/// reference.
 pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, VerifyError> {
+    const CHAIN_BENCH_BOXES: usize = 2000;
     const RUNS: usize = 60;
     let mut rows = Vec::new();
     let mut dev = DeviceNms::new(ctx)?;
     let mut timer = ctx.stage_timer();
-    for w in load_workloads(workloads)? {
+    // Beside the fixed workloads, the sweep's worst case (one round per box), to show its cost.
+    let chain = [NmsKind::AxisAligned, NmsKind::Circle].map(|kind| {
+        let (boxes, scores) = chain_boxes(CHAIN_BENCH_BOXES);
+        Workload {
+            name: format!("chain of {CHAIN_BENCH_BOXES} boxes, threshold {}", chain_threshold(kind)),
+            boxes,
+            scores,
+            params: NmsParams::new(kind, chain_threshold(kind)),
+            target_ms: None,
+            peer_ms: None,
+            peer_kept: None,
+        }
+    });
+    for w in load_workloads(workloads)?.into_iter().chain(chain) {
         let n = w.boxes.len();
         let t0 = std::time::Instant::now();
         let cpu = cpu_nms(&w.boxes, &w.scores, &[], &w.params)?;
