@@ -82,6 +82,9 @@ fn clustered_boxes(seed: u64, n: usize, clusters: usize, spread: f32) -> (Vec<Bo
     (boxes, scores, vec![0; n])
 }
 
+/// Boxes of the suppression chain that check-gpu and bench run.
+const CHAIN_BOXES: usize = 2000;
+
 /// A suppression chain: `n` 4 m x 1.8 m boxes 1 m apart along x, scores falling along the line,
 /// so each box suppresses only the next one at [`chain_threshold`] (IoU 0.6 with the next, 0.33
 /// with the one after; centres 1 m and 2 m apart). The greedy sweep keeps every other box; the
@@ -256,9 +259,9 @@ pub fn check_sizes(
             )?);
         }
     }
-    // The sweep's worst case: one round per box of a 2000-box suppression chain.
+    // The sweep's worst case: one round per box of a suppression chain.
     {
-        let n = 2000;
+        let n = CHAIN_BOXES;
         let (boxes, scores) = chain_boxes(n);
         for kind in kinds {
             rows.push(compare_row(
@@ -493,16 +496,15 @@ fn median(v: &mut [f64]) -> f64 {
 /// circle). Each row's note has the per-stage medians and whether the keep list equals the CPU
 /// reference.
 pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, VerifyError> {
-    const CHAIN_BENCH_BOXES: usize = 2000;
     const RUNS: usize = 60;
     let mut rows = Vec::new();
     let mut dev = DeviceNms::new(ctx)?;
     let mut timer = ctx.stage_timer();
     // Beside the fixed workloads, the sweep's worst case (one round per box), to show its cost.
     let chain = [NmsKind::AxisAligned, NmsKind::Circle].map(|kind| {
-        let (boxes, scores) = chain_boxes(CHAIN_BENCH_BOXES);
+        let (boxes, scores) = chain_boxes(CHAIN_BOXES);
         Workload {
-            name: format!("chain of {CHAIN_BENCH_BOXES} boxes, threshold {}", chain_threshold(kind)),
+            name: format!("chain of {CHAIN_BOXES} boxes, threshold {}", chain_threshold(kind)),
             boxes,
             scores,
             params: NmsParams::new(kind, chain_threshold(kind)),
