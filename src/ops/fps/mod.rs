@@ -238,6 +238,30 @@ fn top(values: &[f32], indices: &[u32]) -> (f32, u32) {
     })
 }
 
+/// [`top`] of a block, in [`TOP_LANES`] interleaved partial results and then over them. The order
+/// it maximises (larger value, then lower index) is total on values that are not NaN, so any
+/// grouping finds the same entry; the lanes let the compiler keep them in vector registers (the
+/// test is branch-free, `|` and `&` rather than `||` and `&&`, or it stays scalar).
+#[inline(always)]
+fn top_lanes(values: &[f32], indices: &[u32]) -> (f32, u32) {
+    let mut value = [f32::NEG_INFINITY; TOP_LANES];
+    let mut index = [u32::MAX; TOP_LANES];
+    for (vs, is) in values.chunks_exact(TOP_LANES).zip(indices.chunks_exact(TOP_LANES)) {
+        for l in 0..TOP_LANES {
+            let take = (vs[l] > value[l]) | ((vs[l] == value[l]) & (is[l] < index[l]));
+            value[l] = if take { vs[l] } else { value[l] };
+            index[l] = if take { is[l] } else { index[l] };
+        }
+    }
+    let whole = values.len() / TOP_LANES * TOP_LANES;
+    let (lv, li) = top(&value, &index);
+    let (rv, ri) = top(&values[whole..], &indices[whole..]);
+    top(&[lv, rv], &[li, ri])
+}
+
+/// Lanes of [`top_lanes`].
+const TOP_LANES: usize = 8;
+
 /// Squared distance from `q` to the box `[lo, hi]` (0 inside), arranged as [`dist2`].
 #[inline(always)]
 fn box_dist2(q: [f32; 3], lo: [f32; 3], hi: [f32; 3]) -> f32 {
@@ -342,27 +366,14 @@ impl SpatialBlocks {
     /// Recomputes group `g`'s largest `min_dist` and its lowest original index from its blocks.
     fn refresh_group(&mut self, g: usize) {
         let r = g * GROUP..((g + 1) * GROUP).min(self.best.len());
-        (self.group_best[g], self.group_best_index[g]) = top(&self.best[r.clone()], &self.best_index[r]);
+        (self.group_best[g], self.group_best_index[g]) = top_lanes(&self.best[r.clone()], &self.best_index[r]);
     }
 
     /// Recomputes block `b`'s largest `min_dist` and its lowest original index.
     #[inline(always)]
     fn refresh(&mut self, b: usize) {
         let r = b * BLOCK..((b + 1) * BLOCK).min(self.min_dist.len());
-        let m = &self.min_dist[r.clone()];
-        let mut best = f32::NEG_INFINITY;
-        for &v in m {
-            best = if v > best { v } else { best };
-        }
-        let index = &self.index[r];
-        let mut at = u32::MAX;
-        for (&v, &i) in m.iter().zip(index) {
-            if v == best && i < at {
-                at = i;
-            }
-        }
-        self.best[b] = best;
-        self.best_index[b] = at;
+        (self.best[b], self.best_index[b]) = top_lanes(&self.min_dist[r.clone()], &self.index[r]);
     }
 
     /// Marks original point `i` selected.
@@ -402,5 +413,29 @@ impl SpatialBlocks {
             self.refresh_group(g);
         }
         top(&self.group_best, &self.group_best_index).1 as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{top, top_lanes};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    // The lanes must find the entry the sequential fold finds, ties (-0.0 == 0.0 included) to the
+    // lowest index, at every length around the lane count.
+    #[test]
+    fn top_lanes_is_top() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let pool = [-1.0f32, -0.0, 0.0, 0.5, 2.0, 2.0, f32::INFINITY];
+        for len in 0..300 {
+            let values: Vec<f32> = (0..len).map(|_| pool[rng.random_range(0..pool.len())]).collect();
+            let mut indices: Vec<u32> = (0..len as u32).map(|i| i * 7 + 3).collect();
+            for i in (1..indices.len()).rev() {
+                indices.swap(i, rng.random_range(0..=i));
+            }
+            let (a, b) = (top(&values, &indices), top_lanes(&values, &indices));
+            assert_eq!((a.0.to_bits(), a.1), (b.0.to_bits(), b.1), "length {len}");
+        }
     }
 }
