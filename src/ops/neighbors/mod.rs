@@ -461,16 +461,19 @@ impl Grid {
         grid
     }
 
-    /// Cell coordinate of `v` on axis `a`, clamped into the grid (queries may lie outside).
+    /// Cell coordinate of `v` on axis `a`, clamped into the grid (queries may lie outside; NaN
+    /// gives 0). `floor(q)`, clamped to `[0, dims - 1]`, without a `floor`: below 1 the clamp
+    /// gives 0 anyway, at or above the integer `dims - 1` the top cell, and in between truncation
+    /// is floor (without SSE4.1, `floor` is a libm call per axis per point).
     #[inline]
     fn cell(&self, v: f64, a: usize) -> i64 {
-        let c = ((v - self.origin[a]) * self.inv_h).floor();
-        if c <= 0.0 {
+        let q = (v - self.origin[a]) * self.inv_h;
+        if !(q >= 1.0) {
             0
-        } else if c >= (self.dims[a] - 1) as f64 {
+        } else if q >= (self.dims[a] - 1) as f64 {
             self.dims[a] - 1
         } else {
-            c as i64
+            q as i64
         }
     }
 
