@@ -130,16 +130,13 @@ impl OpOutput {
     fn into_i32(self) -> Vec<i32> {
         match self {
             OpOutput::Indices(v) => v,
-            OpOutput::HardVoxels(h) => {
-                let width = h.max_points * h.num_channels;
-                (0..h.coords.len())
-                    .flat_map(|v| {
-                        let c = h.coords[v];
-                        let features = h.features[v * width..(v + 1) * width].iter().map(|f| f.to_bits() as i32);
-                        [c[0], c[1], c[2], h.num_points[v] as i32].into_iter().chain(features)
-                    })
-                    .collect()
-            }
+            OpOutput::HardVoxels(h) => (0..h.voxel_count())
+                .flat_map(|v| {
+                    let c = h.coords[v];
+                    let features = h.voxel_features(v).iter().map(|f| f.to_bits() as i32);
+                    [c[0], c[1], c[2], h.num_points[v] as i32].into_iter().chain(features)
+                })
+                .collect(),
         }
     }
 }
