@@ -90,6 +90,9 @@ enum Command {
         eval_dir: Option<PathBuf>,
         #[arg(long, default_value = "auto")]
         profile: String,
+        /// Only these operator families (comma separated); default: all.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<verify::Family>,
         /// Also write the table (markdown) here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -155,6 +158,9 @@ enum Command {
         /// proxy for Jetson Orin AGX's 16 SMs; the device line says how many were given.
         #[arg(long)]
         sms: Option<u32>,
+        /// Only these operator families (comma separated); default: all.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<verify::Family>,
         /// Also write the table (markdown) here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -357,13 +363,13 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", bag.display());
             Ok(())
         }
-        Command::CheckGpu { seed, data_dir, eval_dir, profile, out } => {
+        Command::CheckGpu { seed, data_dir, eval_dir, profile, only, out } => {
             let seed = seed.unwrap_or_else(|| {
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
             });
             let ctx = cuda_context(&profile)?;
             println!("check-gpu on {} ({}, profile {}), seed {seed}", ctx.device_name, ctx.arch, ctx.profile.name);
-            let table = verify::check_all(&ctx, seed, &data_dir, eval_dir.as_deref())?;
+            let table = verify::check_all(&ctx, seed, &data_dir, eval_dir.as_deref(), &verify::Families(only))?;
             println!("{table}");
             write_report(out.as_deref(), &format!("check-gpu seed {seed} on {}\n\n{table}", ctx.device_name))?;
             let failed = table.0.iter().filter(|r| !r.passed()).count();
@@ -428,13 +434,13 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Bench { workloads, data_dir, profile, sms, out } => {
+        Command::Bench { workloads, data_dir, profile, sms, only, out } => {
             let options = GpuOptions { profile: profile.parse()?, sm_limit: sms, ..GpuOptions::default() };
             let ctx = match sms {
                 None => cuda_context(&profile)?,
                 Some(_) => GpuContext::new(options.clone())?,
             };
-            let table = verify::bench_all(&ctx, &options, &workloads, &data_dir)?;
+            let table = verify::bench_all(&ctx, &options, &workloads, &data_dir, &verify::Families(only))?;
             println!("{table}");
             write_report(out.as_deref(), &table.to_string())
         }

@@ -22,7 +22,7 @@ pub mod tune;
 pub mod voxel;
 
 pub use report::{BenchRow, BenchTable, CheckRow, CheckTable};
-pub use suite::{bench_all, check_all};
+pub use suite::{bench_all, check_all, Families, Family};
 
 use crate::cloud::{Cloud, CloudError, Header, PointCloud2, PointLayout};
 use crate::gpu::{upload_and_gather, DeviceCloud, GpuContext, GpuError};

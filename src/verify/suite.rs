@@ -175,18 +175,56 @@ pub fn check_all(
     seed: u64,
     ouster_dir: &Path,
     eval_dir: Option<&Path>,
+    only: &Families,
 ) -> Result<CheckTable, VerifyError> {
-    let mut rows = vec![check_cache(ctx)?];
-    rows.extend(check_gather(ctx, ouster_dir)?);
-    rows.extend(voxel::check(ctx, seed, ouster_dir)?);
-    rows.extend(voxel::check_downsampled(ctx, ouster_dir)?);
-    rows.extend(fps::check(ctx, seed, ouster_dir)?);
-    rows.extend(neighbors::check(ctx, seed, ouster_dir)?);
-    rows.extend(nms::check(ctx, seed, eval_dir)?);
-    rows.extend(detect::check(ctx, seed, ouster_dir, eval_dir)?);
-    rows.extend(check_profiles(ouster_dir)?);
-    rows.extend(check_pass_through(ouster_dir)?);
+    let mut rows = Vec::new();
+    if only.has(Family::Pipeline) {
+        rows.push(check_cache(ctx)?);
+        rows.extend(check_gather(ctx, ouster_dir)?);
+    }
+    if only.has(Family::Voxel) {
+        rows.extend(voxel::check(ctx, seed, ouster_dir)?);
+        rows.extend(voxel::check_downsampled(ctx, ouster_dir)?);
+    }
+    if only.has(Family::Fps) {
+        rows.extend(fps::check(ctx, seed, ouster_dir)?);
+    }
+    if only.has(Family::Neighbors) {
+        rows.extend(neighbors::check(ctx, seed, ouster_dir)?);
+    }
+    if only.has(Family::Nms) {
+        rows.extend(nms::check(ctx, seed, eval_dir)?);
+    }
+    if only.has(Family::Detect) {
+        rows.extend(detect::check(ctx, seed, ouster_dir, eval_dir)?);
+    }
+    if only.has(Family::Pipeline) {
+        rows.extend(check_profiles(ouster_dir)?);
+        rows.extend(check_pass_through(ouster_dir)?);
+    }
     Ok(CheckTable(rows))
+}
+
+/// An operator family of `check-gpu` and `bench` (`--only`); the pipeline family holds the gather,
+/// the kernel cache, the profiles, the pass-through outputs and the whole-pipeline rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Family {
+    Voxel,
+    Fps,
+    Neighbors,
+    Nms,
+    Detect,
+    Pipeline,
+}
+
+/// The families a run covers: all of them when none is named.
+#[derive(Debug, Clone, Default)]
+pub struct Families(pub Vec<Family>);
+
+impl Families {
+    pub fn has(&self, f: Family) -> bool {
+        self.0.is_empty() || self.0.contains(&f)
+    }
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second), median of 20 copies of 1 GiB.
@@ -280,13 +318,27 @@ pub fn bench_all(
     options: &GpuOptions,
     workloads: &Path,
     ouster_dir: &Path,
+    only: &Families,
 ) -> Result<BenchTable, VerifyError> {
-    let mut rows = voxel::bench(ctx, workloads)?;
-    rows.extend(fps::bench(ctx, workloads)?);
-    rows.extend(neighbors::bench(ctx, workloads)?);
-    rows.extend(nms::bench(ctx, workloads)?);
-    rows.extend(detect::bench(ctx, ouster_dir)?);
-    rows.extend(bench_pipeline(ouster_dir, options)?);
+    let mut rows = Vec::new();
+    if only.has(Family::Voxel) {
+        rows.extend(voxel::bench(ctx, workloads)?);
+    }
+    if only.has(Family::Fps) {
+        rows.extend(fps::bench(ctx, workloads)?);
+    }
+    if only.has(Family::Neighbors) {
+        rows.extend(neighbors::bench(ctx, workloads)?);
+    }
+    if only.has(Family::Nms) {
+        rows.extend(nms::bench(ctx, workloads)?);
+    }
+    if only.has(Family::Detect) {
+        rows.extend(detect::bench(ctx, ouster_dir)?);
+    }
+    if only.has(Family::Pipeline) {
+        rows.extend(bench_pipeline(ouster_dir, options)?);
+    }
     Ok(BenchTable {
         device: format!("{} ({}, {} SMs, profile {})", ctx.device_name, ctx.arch, ctx.sm_count, ctx.profile.name),
         copy_bandwidth_gbs: copy_bandwidth_gbs(ctx)?,
