@@ -6,6 +6,36 @@
 
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (src/gpu/launch.rs, sm_90+). A kernel launched to start before the
+// previous kernel of its stream has ended calls lk_wait_prior_grid() before it touches anything that
+// kernel reads or writes (it returns once that kernel has ended and its writes are visible). A
+// kernel calls lk_let_next_start() to let such a next kernel be scheduled while it still runs. On
+// older devices the launch orders the kernels as usual and both compile to nothing.
+__device__ __forceinline__ void lk_wait_prior_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void lk_let_next_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Grid barrier for co-resident blocks (cooperative launches): one thread per block counts its
+// block's arrival and spins until `target` blocks have arrived. The arrival is a release and the
+// spin an acquire (PTX memory model, gpu scope), so the writes a block made before arriving are
+// visible to every block that leaves the wait, without the two full fences of __threadfence.
+// Callers barrier their own block around it (__syncthreads or __syncwarp).
+__device__ __forceinline__ void lk_grid_arrive_wait(unsigned int* ctr, unsigned int target) {
+    asm volatile("red.release.gpu.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+    unsigned int seen;
+    do {
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(ctr) : "memory");
+    } while (seen < target);
+}
+
 // Squared Euclidean distance in f32 exactly as the CPU reference's `ops::neighbors::dist2`:
 // (dx*dx + dy*dy) + dz*dz, each operation rounded to nearest even, never contracted into an FMA.
 __device__ __forceinline__ float lk_dist2(float ax, float ay, float az, float bx, float by, float bz) {

@@ -172,12 +172,7 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
                 if (lane == 0) {
                     __stcg(&board_key[slot + g], bmax);
                     __stcg(&board_xyz[slot + g], c);
-                    __threadfence();
-                    atomicAdd(&counters[cloud], 1u);
-                    const unsigned int target = step * G;
-                    while (*((volatile unsigned int*)&counters[cloud]) < target) {
-                    }
-                    __threadfence();
+                    lk_grid_arrive_wait(&counters[cloud], step * G);
                 }
                 __syncwarp();
                 u64 mine = 0ull;

@@ -667,13 +667,7 @@ MASK_KERNEL(nms_mask_circle, KIND_CIRCLE)
 __device__ __forceinline__ void sweep_grid_barrier(u32* ctr, u32& target) {
     __syncthreads();
     target += gridDim.x;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ctr, 1u);
-        while (*((volatile u32*)ctr) < target) {
-        }
-        __threadfence();
-    }
+    if (threadIdx.x == 0) lk_grid_arrive_wait(ctr, target);
     __syncthreads();
 }
 

@@ -4,7 +4,9 @@
 //
 // Pipeline (src/ops/voxel/cuda.rs enqueues it; no memset, no host synchronization inside). Hard
 // voxels with P <= 32 (PointPillars, spconv) take 3 launches (1, 2, 4s); dynamic voxels and P > 32
-// sort (1, 2, 3 per 8-bit digit, 4):
+// sort (1, 2, 3 per 8-bit digit, 4). Steps 2 and 4s are launched to start before the kernel ahead
+// of them ends (sm_90+, src/gpu/launch.rs): their blocks are resident when it ends and wait for it
+// in their first instruction, so the gap between the launches no longer adds to the chain:
 //   1. vox_insert        one thread per point: voxel coordinate in f32 exactly as VoxelGrid::coord
 //                        (one __fsub_rn, one __fdiv_rn, floorf, range test in f32); linear key
 //                        (z*dy+y)*dx+x. Table slot: DIRECT mode (small grids, e.g. 640 x 640 x 1
@@ -209,6 +211,7 @@ extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsigned long long* table_first,
            unsigned int* table_count, int* __restrict__ pslot, unsigned int* __restrict__ point_pos,
            unsigned int* __restrict__ ctr, int* __restrict__ point_coords, const VoxParams p) {
+    lk_let_next_start(); // vox_rank_keys waits for this kernel's end itself
     if (blockIdx.x == 0)
         for (unsigned int w = threadIdx.x; w < CTR_TOTAL; w += VOXEL_BLOCK) ctr[w] = 0u;
     const unsigned int i = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
@@ -276,6 +279,8 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     __shared__ unsigned int s_seg_base;
     __shared__ unsigned int s_drop[2]; // out of range, voxel capacity
     __shared__ unsigned int s_hist[RADIX_MAX_PASSES * RADIX_BINS];
+    lk_let_next_start(); // vox_hard_select waits for this kernel's end itself
+    lk_wait_prior_grid(); // launched early (src/gpu/launch.rs): vox_insert must have ended
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
     const bool select = seg_points != nullptr;
@@ -680,7 +685,8 @@ __device__ __forceinline__ unsigned int warp_sort_asc(unsigned int v) {
 
 // 4s. Hard voxels, P <= 32, from unordered segments: one warp per kept voxel (grid-stride). Lane s
 // ends with the s-th smallest point index of the segment (ascending index = input order, the
-// reference's slots): the first 32 entries sorted, then every further chunk of 32 that has an entry
+// reference's slots): the first 32 entries sorted (a segment of at most 32, the usual case: each
+// entry's place is the number of smaller entries, one shuffle per entry), then every further chunk of 32 that has an entry
 // below the running P-th smallest is sorted and merged in (the running list against the reversed
 // chunk, elementwise min, is bitonic and holds the 32 smallest of both; five steps sort it). A
 // chunk with no such entry costs one load and one ballot. The pillar sums run over shuffles in
@@ -692,16 +698,30 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
                 float* __restrict__ features, float* __restrict__ pillar, const VoxParams p) {
     // One row buffer per warp: 32 slots x max(VOX_MAX_CHANNELS, 10 pillar channels).
     __shared__ float s_rows[VOX_WARPS][32 * VOX_MAX_CHANNELS];
+    __shared__ unsigned int s_order[VOX_WARPS][32];
+    lk_wait_prior_grid(); // launched early (src/gpu/launch.rs): vox_rank_keys must have ended
     const unsigned int P = p.max_points;
     const unsigned int V = kept_voxels(counters, p);
     const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
     const unsigned int warps = gridDim.x * VOX_WARPS;
     unsigned int pcap = 0u;
-    for (unsigned int v = blockIdx.x * VOX_WARPS + (threadIdx.x >> 5); v < V; v += warps) {
+    for (unsigned int v = blockIdx.x * VOX_WARPS + warp; v < V; v += warps) {
         const unsigned int* seg = seg_points + seg_start[v];
         const unsigned int cnt = seg_len[v];
         const unsigned int np = cnt < P ? cnt : P;
-        unsigned int best = warp_sort_asc(lane < cnt ? seg[lane] : 0xffffffffu);
+        const unsigned int head = lane < cnt ? seg[lane] : 0xffffffffu;
+        unsigned int best;
+        if (cnt <= 32u) {
+            unsigned int place = 0u;
+            for (unsigned int j = 0; j < cnt; ++j) place += __shfl_sync(0xffffffffu, head, (int)j) < head ? 1u : 0u;
+            if (lane < cnt) s_order[warp][place] = head;
+            __syncwarp();
+            best = lane < cnt ? s_order[warp][lane] : 0xffffffffu;
+            __syncwarp();
+        } else {
+            best = warp_sort_asc(head);
+        }
         for (unsigned int c0 = 32u; c0 < cnt; c0 += 32u) {
             unsigned int e = c0 + lane < cnt ? seg[c0 + lane] : 0xffffffffu;
             const unsigned int bar = __shfl_sync(0xffffffffu, best, (int)P - 1);
@@ -720,7 +740,7 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
         }
         // Lane s builds slot s's row in the warp's shared buffer (its loads all in flight at once),
         // then the warp copies the voxel's [P, C] (and [P, oc]) block out at consecutive addresses.
-        float* buf = s_rows[threadIdx.x >> 5];
+        float* buf = s_rows[warp];
         const bool has = lane < np;
         if (p.flags & FLAG_RAW) {
             const unsigned int C = p.num_ch, total = P * C;

@@ -12,6 +12,7 @@ pub mod context;
 pub mod fault;
 pub mod gather;
 pub mod kernels;
+pub mod launch;
 pub mod nvrtc;
 pub mod output_pool;
 pub mod profile;
@@ -21,6 +22,7 @@ pub use context::{DevicePool, GpuContext, GpuOptions, GrowBuffer, PinnedRing, Po
 pub use fault::{FaultKind, FaultOp, FaultPlan};
 pub use gather::{upload_and_gather, DeviceCloud};
 pub use kernels::{KernelSource, KERNELS};
+pub use launch::EarlyLaunch;
 pub use nvrtc::{nvrtc_check, NvrtcReport, NvrtcRow};
 pub use output_pool::OutputPool;
 pub use profile::{KernelProfile, ProfileChoice, TunedFor};

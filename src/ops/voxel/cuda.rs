@@ -3,7 +3,8 @@
 //! [`super`] (the CPU reference) exactly (integer outputs bit-identical; hard features and pillar features
 //! bit-identical; dynamic means computed in the reference's order, hence identical too).
 //!
-//! Algorithm (no serial pass, no memset, no host synchronization; 3 launches for W1 pillars):
+//! Algorithm (no serial pass, no memset, no host synchronization; 3 launches for W1 pillars, the
+//! second and third launched to start before the one ahead ends: [`EarlyLaunch`]):
 //! 1. one thread per point computes the voxel coordinate with the reference's f32 arithmetic and
 //!    takes a table slot: the cell itself on small grids (direct-mapped table, `DIRECT_MAX_CELLS`),
 //!    else an open-addressing hash slot (size from the profile's `hash_load_factor`); `atomicMax`
@@ -41,7 +42,7 @@ use super::{
 };
 use crate::cloud::{CloudMessage, CloudView};
 use crate::gpu::buffer::memory_pools_supported;
-use crate::gpu::{DevBuf, DeviceCloud, GpuContext, GpuError, PooledSlice, StageTimer};
+use crate::gpu::{DevBuf, DeviceCloud, EarlyLaunch, GpuContext, GpuError, PooledSlice, StageTimer};
 use crate::ops::{ParamError, Validate};
 use cudarc::driver::{
     result as drv, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -466,7 +467,7 @@ impl GpuVoxelizer {
         }
         mark("insert")?;
         {
-            let mut l = s.launch_builder(&self.f_rank);
+            let mut l = EarlyLaunch::new();
             l.arg(&pslot)
                 .arg(&tkeys)
                 .arg(&first)
@@ -485,7 +486,8 @@ impl GpuVoxelizer {
             // SAFETY: matches vox_rank_keys; coords holds 3 * key_max ints, seg_start / seg_len
             // key_max words (ranks written only below min(max_voxels, distinct) <= key_max); status
             // `tiles` words; keys n or null (select); seg_points n or null; point_voxel n or null.
-            unsafe { l.launch(cfg(tiles, block)) }?;
+            // The kernel calls lk_wait_prior_grid first.
+            unsafe { l.launch(ctx, s, &self.f_rank, cfg(tiles, block)) }?;
         }
         if !direct {
             self.keys_clean = true; // the rank kernel clears every key the insert kernel set
@@ -594,12 +596,13 @@ impl GpuVoxelizer {
         let block = ctx.profile.block_size.voxel;
         if select {
             let (segp, segl) = (self.seg_points.ptr(), self.seg_len.ptr());
-            let mut l = s.launch_builder(&self.f_select);
+            let mut l = EarlyLaunch::new();
             l.arg(&cloud_ptr).arg(&segp).arg(&seg).arg(&segl).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil);
             l.arg(&p);
             // One warp per voxel. SAFETY: matches vox_hard_select; segments of the kept voxels
-            // (< key_max) written by the rank kernel; outputs sized for key_max voxels.
-            unsafe { l.launch(cfg(Self::fill_blocks(ctx, km * 32), block)) }?;
+            // (< key_max) written by the rank kernel; outputs sized for key_max voxels. The kernel
+            // calls lk_wait_prior_grid first.
+            unsafe { l.launch(ctx, s, &self.f_select, cfg(Self::fill_blocks(ctx, km * 32), block)) }?;
         } else {
             let vals = self.vals[self.sorted_slot].ptr();
             let mut l = s.launch_builder(&self.f_fill);
