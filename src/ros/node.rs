@@ -414,6 +414,9 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     );
 
     let shutdown = Arc::new(AtomicBool::new(false));
+    // Closed at shutdown before the node (and its publishers) is dropped: a frame that ends after
+    // that is abandoned, not published on a dead publisher.
+    let outputs_open = Arc::new(Mutex::new(true));
     let queue = Arc::new(LatestQueue::<Frame>::new(params.int("queue_size").unwrap_or(1) as usize));
     let stats = Arc::new(NodeStats::default());
     let gaps = Arc::new(Mutex::new(StampGaps::default()));
@@ -475,9 +478,10 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     // Processing thread.
     let worker = {
         let (queue, stats, table, logger) = (queue.clone(), stats.clone(), table.clone(), logger.clone());
+        let outputs = (publishers, unavailable, outputs_open.clone());
         std::thread::Builder::new()
             .name("lk-process".into())
-            .spawn(move || process_loop(stage, queue, stats, table, (publishers, unavailable), logger, params))?
+            .spawn(move || process_loop(stage, queue, stats, table, outputs, logger, params))?
     };
 
     // Diagnostics, with the QoS checks against what the spin thread read from the graph.
@@ -647,6 +651,8 @@ async fn run_async<S: Stage>(mut stage: S, dds_profile: Option<String>) -> anyho
     while !worker.is_finished() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Waits for a frame being published to finish publishing; a later one publishes nothing.
+    *outputs_open.lock().unwrap_or_else(|e| e.into_inner()) = false;
     let abandoned = !worker.is_finished();
     let node = spin.join().map_err(|_| anyhow!("the spin thread panicked"))?;
     let processed = stats.processed.load(Ordering::Relaxed);
@@ -704,7 +710,7 @@ fn process_loop<S: Stage>(
     queue: Arc<LatestQueue<Frame>>,
     stats: Arc<NodeStats>,
     table: Arc<Mutex<ParamTable>>,
-    (publishers, unavailable): (HashMap<String, r2r::PublisherUntyped>, HashSet<String>),
+    (publishers, unavailable, outputs_open): (HashMap<String, r2r::PublisherUntyped>, HashSet<String>, Arc<Mutex<bool>>),
     logger: String,
     mut params: Params,
 ) {
@@ -769,6 +775,10 @@ fn process_loop<S: Stage>(
         let mut latency_ms = None;
         let error = match result {
             Ok(Ok(outputs)) => {
+                let open = outputs_open.lock().unwrap_or_else(|e| e.into_inner());
+                if !*open {
+                    break;
+                }
                 let any = !outputs.is_empty();
                 for (topic, cdr) in outputs {
                     match publishers.get(&topic) {
