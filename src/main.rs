@@ -82,8 +82,8 @@ enum Command {
         /// Seed of the random clouds and boxes (default: drawn from the clock, printed).
         #[arg(long)]
         seed: Option<u64>,
-        /// Folder with the Ouster .bin scans.
-        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        /// Folder with the Ouster .bin scans (default: $LIDAR_KERNELS_DATA_DIR/ouster, else the crate's).
+        #[arg(long, default_value_os_t = sample::sample_data_dir())]
         data_dir: PathBuf,
         /// KITTI evaluation folder (kitti_fov/*.pointpillars.txt), if available.
         #[arg(long)]
@@ -109,7 +109,7 @@ enum Command {
         /// Pipeline configuration (YAML); default: built-in defaults.
         #[arg(long)]
         config: Option<PathBuf>,
-        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        #[arg(long, default_value_os_t = sample::sample_data_dir())]
         data_dir: PathBuf,
         /// Also write the table (markdown) here.
         #[arg(long)]
@@ -125,7 +125,7 @@ enum Command {
         /// The built-in profile to start from, and to fall back to on another device.
         #[arg(long, default_value = "x86_64")]
         target: String,
-        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        #[arg(long, default_value_os_t = sample::sample_data_dir())]
         data_dir: PathBuf,
         /// Write the tuned profile here (default: print it).
         #[arg(long)]
@@ -150,7 +150,7 @@ enum Command {
     Bench {
         /// Folder written by shared/bench/workloads.py --dump.
         workloads: PathBuf,
-        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/ouster"))]
+        #[arg(long, default_value_os_t = sample::sample_data_dir())]
         data_dir: PathBuf,
         #[arg(long, default_value = "auto")]
         profile: String,
