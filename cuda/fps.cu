@@ -12,11 +12,12 @@
 //    and min_dist lives in a global scratch array (any cloud size).
 // Every iteration: each thread updates its min distances and keeps its best key
 // (min_dist bits << 32 | ~index: larger distance first, then lower index; selected points key 0);
-// warp shuffles and one shared-memory step give the block's best. With G == 1 that is the sample.
-// With G > 1 the blocks of a cloud publish (key, x, y, z) to a double-buffered board, arrive on a
+// warp reductions and one shared-memory step give the block's best. With G == 1 that is the sample.
+// With G > 1 the blocks of a cloud atomicMax their key into the step's exchange slot, arrive on a
 // per-cloud counter and spin until all G have arrived (all blocks are co-resident: the host launches
-// cooperatively); then every block reduces the G board entries itself (one L2 round trip).
-// The result is independent of scheduling: keys are unique and the max is associative.
+// cooperatively); then each block reads the slot and the winner's coordinates. A step costs the
+// barrier plus two dependent L2 round trips, whatever G is (a board of G entries to reduce took
+// G / 32 more). The result is independent of scheduling: keys are unique and max is associative.
 //
 // sm_90+ adds a thread-block-cluster path (fps_cl_BLOCK_PPT, below), exchanging through distributed
 // shared memory instead of global memory.
@@ -46,25 +47,38 @@ struct FpsKernelParams {
 };
 static_assert(sizeof(FpsKernelParams) == 32, "FpsKernelParams: size differs from src/ops/fps/cuda.rs");
 
-// m is never NaN; selected points (m < 0) get key 0 (below every candidate).
+// m is never NaN; selected and absent points (m < 0) get key 0 (below every candidate).
 __device__ __forceinline__ u64 fps_key(float m, unsigned int i) {
     return m < 0.0f ? 0ull : (((u64)__float_as_uint(m) << 32) | (u64)(0xffffffffu - i));
 }
 
+// Max over a full warp. sm_80+ has a 32-bit warp max (redux.sync): the high words, then the low
+// words of the lanes that hold the high max; older GPUs (Xavier) shuffle.
 __device__ __forceinline__ u64 warp_max_u64(u64 v) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned int hi = (unsigned int)(v >> 32);
+    const unsigned int hmax = __reduce_max_sync(0xffffffffu, hi);
+    const unsigned int lmax = __reduce_max_sync(0xffffffffu, hi == hmax ? (unsigned int)v : 0u);
+    return ((u64)hmax << 32) | lmax;
+#else
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const u64 w = __shfl_xor_sync(0xffffffffu, v, o);
         v = w > v ? w : v;
     }
     return v;
+#endif
 }
+
+// Exchange slots per cloud: step s reduces into slot s % 3. Block 0 clears slot (s + 1) % 3 before
+// it arrives at step s: every block has read that slot (at step s - 2) before arriving at step
+// s - 1, and no block adds to it before leaving step s's barrier. The host zeroes all of them.
+#define FPS_SLOTS 3u
 
 template <int PPT, bool MEM>
 __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const unsigned int* __restrict__ offsets,
-                                         int* __restrict__ out, float* __restrict__ md,
-                                         u64* board_key, float4* board_xyz, unsigned int* counters,
-                                         const FpsKernelParams& p) {
+                                         int* __restrict__ out, float* __restrict__ md, u64* exchange,
+                                         unsigned int* counters, const FpsKernelParams& p) {
     __shared__ u64 s_key[FPS_WARPS];
     __shared__ float4 s_xyz[FPS_WARPS];
     __shared__ float4 s_sel;
@@ -91,11 +105,13 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
     const float* Y = xyz + p.stride + off;
     const float* Z = xyz + 2ull * p.stride + off;
     float* M = md + off;
+    u64* slots = exchange + (u64)cloud * FPS_SLOTS;
 
     const unsigned int chunk = MEM ? p.chunk : (unsigned int)(FPS_BLOCK * PPT);
     const unsigned int c0 = g * chunk;
     const unsigned int c1 = c0 + chunk < len ? c0 + chunk : len; // c0 may exceed len: empty block
 
+    unsigned int last = p.start;
     float px[MEM ? 1 : PPT], py[MEM ? 1 : PPT], pz[MEM ? 1 : PPT], pm[MEM ? 1 : PPT];
     if (!MEM) {
 #pragma unroll
@@ -105,7 +121,7 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
                 px[s] = X[i];
                 py[s] = Y[i];
                 pz[s] = Z[i];
-                pm[s] = __int_as_float(0x7f800000); // +inf
+                pm[s] = i == last ? -1.0f : __int_as_float(0x7f800000); // +inf
             } else {
                 px[s] = 0.0f;
                 py[s] = 0.0f;
@@ -115,85 +131,75 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
         }
     }
 
-    unsigned int last = p.start;
     float sx = X[last], sy = Y[last], sz = Z[last];
-    const unsigned int board_base = cloud * 2u * G;
 
     for (unsigned int step = 1; step < steps; ++step) {
-        u64 best = 0ull;
-        float bx = 0.0f, by = 0.0f, bz = 0.0f;
+        // Min-distance update and this thread's arg-max (strict >: its points are visited in
+        // index order, so ties go to the lowest index). fminf(d, m) = `d < m ? d : m` (m is never
+        // NaN, fminf(NaN, m) = m); -1 (selected, absent) stays below every d >= 0.
+        float bm = -1.0f;
+        unsigned int bi = 0u;
         if (!MEM) {
 #pragma unroll
             for (int s = 0; s < PPT; ++s) {
-                const unsigned int i = c0 + (unsigned int)s * FPS_BLOCK + tid;
-                const float d = lk_dist2(px[s], py[s], pz[s], sx, sy, sz);
-                float m = pm[s];
-                m = (i == last) ? -1.0f : (d < m ? d : m);
+                const float m = fminf(lk_dist2(px[s], py[s], pz[s], sx, sy, sz), pm[s]);
                 pm[s] = m;
-                const u64 key = fps_key(m, i);
-                if (key > best) {
-                    best = key;
+                if (m > bm) {
+                    bm = m;
+                    bi = c0 + (unsigned int)s * FPS_BLOCK + tid;
+                }
+            }
+        } else {
+            for (unsigned int i = c0 + tid; i < c1; i += FPS_BLOCK) {
+                const float d = lk_dist2(X[i], Y[i], Z[i], sx, sy, sz);
+                const float m = i == last ? -1.0f : fminf(d, step == 1 ? __int_as_float(0x7f800000) : M[i]);
+                M[i] = m;
+                if (m > bm) {
+                    bm = m;
+                    bi = i;
+                }
+            }
+        }
+        // Block arg-max. With G == 1 it is the sample, and its coordinates come from the winner's
+        // registers (a global read would add a round trip to every step of every batched cloud).
+        const u64 best = fps_key(bm, bi);
+        const u64 wbest = warp_max_u64(best);
+        if (lane == 0) s_key[warp] = wbest;
+        if (!MEM && G == 1 && best == wbest && wbest != 0ull) {
+            float bx = 0.0f, by = 0.0f, bz = 0.0f;
+#pragma unroll
+            for (int s = 0; s < PPT; ++s) {
+                if (c0 + (unsigned int)s * FPS_BLOCK + tid == bi) {
                     bx = px[s];
                     by = py[s];
                     bz = pz[s];
                 }
             }
-        } else {
-            for (unsigned int i = c0 + tid; i < c1; i += FPS_BLOCK) {
-                const float x = X[i], y = Y[i], z = Z[i];
-                const float d = lk_dist2(x, y, z, sx, sy, sz);
-                float m = step == 1 ? __int_as_float(0x7f800000) : M[i];
-                m = (i == last) ? -1.0f : (d < m ? d : m);
-                M[i] = m;
-                const u64 key = fps_key(m, i);
-                if (key > best) {
-                    best = key;
-                    bx = x;
-                    by = y;
-                    bz = z;
-                }
-            }
+            s_xyz[warp] = make_float4(bx, by, bz, 0.0f);
         }
-        // Block arg-max.
-        const u64 wbest = warp_max_u64(best);
-        if (lane == 0) s_key[warp] = wbest;
-        if (best == wbest && wbest != 0ull) s_xyz[warp] = make_float4(bx, by, bz, 0.0f);
         __syncthreads();
         if (warp == 0) {
-            u64 v = lane < FPS_WARPS ? s_key[lane] : 0ull;
-            const u64 bmax = warp_max_u64(v);
-            const unsigned int win = __ballot_sync(0xffffffffu, v == bmax && bmax != 0ull);
-            float4 c = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (win != 0u) c = s_xyz[__ffs(win) - 1];
-            u64 gbest = bmax;
-            if (G > 1) {
-                // Publish, arrive, wait for the cloud group, reduce the board.
-                const unsigned int slot = board_base + (step & 1u) * G;
-                if (lane == 0) {
-                    __stcg(&board_key[slot + g], bmax);
-                    __stcg(&board_xyz[slot + g], c);
-                    lk_grid_arrive_wait(&counters[cloud], step * G);
-                }
-                __syncwarp();
-                u64 mine = 0ull;
-                float4 mc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                for (unsigned int e = lane; e < G; e += 32u) {
-                    const u64 kk = __ldcg(&board_key[slot + e]);
-                    const float4 cc = __ldcg(&board_xyz[slot + e]);
-                    if (kk > mine) {
-                        mine = kk;
-                        mc = cc;
-                    }
-                }
-                gbest = warp_max_u64(mine);
-                const unsigned int w2 = __ballot_sync(0xffffffffu, mine == gbest && gbest != 0ull);
-                const int src = w2 != 0u ? __ffs(w2) - 1 : 0;
-                c.x = __shfl_sync(0xffffffffu, mc.x, src);
-                c.y = __shfl_sync(0xffffffffu, mc.y, src);
-                c.z = __shfl_sync(0xffffffffu, mc.z, src);
+            const u64 v = lane < FPS_WARPS ? s_key[lane] : 0ull;
+            u64 gbest = warp_max_u64(v);
+            if (G > 1 && lane == 0) {
+                // One atomic max into the step's slot, arrive, wait for the cloud group, read the
+                // slot: two dependent L2 round trips after the barrier (slot, then coordinates).
+                u64* slot = slots + step % FPS_SLOTS;
+                if (gbest != 0ull) atomicMax(slot, gbest);
+                if (g == 0) __stcg(slots + (step + 1u) % FPS_SLOTS, 0ull);
+                lk_grid_arrive_wait(&counters[cloud], step * G);
+                gbest = __ldcg(slot);
             }
+            const unsigned int win = __ballot_sync(0xffffffffu, lane < FPS_WARPS && v == gbest);
             if (lane == 0) {
-                c.w = __uint_as_float(0xffffffffu - (unsigned int)(gbest & 0xffffffffull));
+                const unsigned int idx = 0xffffffffu - (unsigned int)(gbest & 0xffffffffull);
+                float4 c;
+                if (!MEM && G == 1) {
+                    c = s_xyz[win != 0u ? __ffs(win) - 1 : 0];
+                } else {
+                    c = make_float4(__ldg(X + idx), __ldg(Y + idx), __ldg(Z + idx), 0.0f);
+                }
+                c.w = __uint_as_float(idx);
                 s_sel = c;
             }
         }
@@ -204,14 +210,21 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
         sz = sel.z;
         last = __float_as_uint(sel.w);
         if (g == 0 && tid == 0) row[step] = (int)last;
+        if (!MEM) {
+            const unsigned int rel = last - c0; // the selected point leaves the candidates
+            if (rel < chunk && rel % FPS_BLOCK == tid) {
+#pragma unroll
+                for (int s = 0; s < PPT; ++s)
+                    if ((unsigned int)s == rel / FPS_BLOCK) pm[s] = -1.0f;
+            }
+        }
     }
 }
 
 #define FPS_ARGS                                                                                        \
     const float* __restrict__ xyz, const unsigned int* __restrict__ offsets, int* __restrict__ out,    \
-        float* __restrict__ md, u64* board_key, float4* board_xyz, unsigned int* counters,             \
-        const FpsKernelParams p
-#define FPS_PASS xyz, offsets, out, md, board_key, board_xyz, counters, p
+        float* __restrict__ md, u64* exchange, unsigned int* counters, const FpsKernelParams p
+#define FPS_PASS xyz, offsets, out, md, exchange, counters, p
 
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_1(FPS_ARGS) { fps_body<1, false>(FPS_PASS); }
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_2(FPS_ARGS) { fps_body<2, false>(FPS_PASS); }

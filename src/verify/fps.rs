@@ -102,6 +102,10 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         ("100k random, K=1024".into(), rng.cloud(100_000, 50.0), FpsParams { num_samples: 1024, start_index: 12345 }),
         ("1M random, K=64".into(), rng.cloud(1_000_000, 80.0), FpsParams { num_samples: 64, start_index: 999_999 }),
         ("1.2M random, K=48".into(), rng.cloud(1_200_000, 80.0), FpsParams { num_samples: 48, start_index: 7 }),
+        // Past the cluster path on every device: thousands of grid exchanges, and (lattice) ties
+        // decided across blocks once the 864 distinct positions are taken.
+        ("600k random, K=3000".into(), rng.cloud(600_000, 60.0), FpsParams { num_samples: 3000, start_index: 4242 }),
+        ("lattice dups 300k, K=1500".into(), rng.lattice(300_000, 12), FpsParams { num_samples: 1500, start_index: 0 }),
     ];
     for (case, cloud, p) in &cases {
         let (dev, host) = upload_cloud(ctx, cloud)?;
