@@ -710,7 +710,11 @@ fn process_loop<S: Stage>(
     queue: Arc<LatestQueue<Frame>>,
     stats: Arc<NodeStats>,
     table: Arc<Mutex<ParamTable>>,
-    (publishers, unavailable, outputs_open): (HashMap<String, r2r::PublisherUntyped>, HashSet<String>, Arc<Mutex<bool>>),
+    (publishers, unavailable, outputs_open): (
+        HashMap<String, r2r::PublisherUntyped>,
+        HashSet<String>,
+        Arc<Mutex<bool>>,
+    ),
     logger: String,
     mut params: Params,
 ) {

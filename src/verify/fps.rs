@@ -7,7 +7,7 @@ use crate::cloud::Cloud;
 use crate::gpu::{upload_xyz, DeviceXyz, GpuContext};
 use crate::ops::fps::cuda::{
     cluster_capacity, farthest_point_sample_batched_with, farthest_point_sample_with, fps_enqueue, launch_cluster,
-    ClusterShape, FpsScratch, CLUSTER_BLOCKS, CLUSTER_PPT,
+    launch_grid, ClusterShape, FpsScratch, CLUSTER_BLOCKS, CLUSTER_PPT,
 };
 use crate::ops::fps::{self as cpu_fps, FpsParams};
 use std::path::Path;
@@ -36,6 +36,12 @@ fn row(operator: &str, case: &str, points: usize, same: bool, det: bool, detail:
 }
 
 const SCAN0_PREFIX: [i32; 10] = [0, 45184, 45610, 39325, 45611, 6407, 54302, 48405, 64409, 41877];
+
+/// The xyz of `clouds` in one cloud, back to back (a batch).
+fn back_to_back(clouds: &[Cloud]) -> Cloud {
+    let cat = |f: fn(&Cloud) -> &[f32]| clouds.iter().flat_map(|c| f(c).iter().copied()).collect::<Vec<f32>>();
+    Cloud::from_xyz(cat(Cloud::x), cat(Cloud::y), cat(Cloud::z))
+}
 
 /// GPU vs CPU FPS over the Ouster scans in `ouster_dir` and random clouds from `seed`.
 pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<CheckRow>, VerifyError> {
@@ -115,16 +121,7 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
     // Batched ragged clouds (one device cloud, clouds back to back).
     let mut batched = |case: &str, clouds: &[Cloud], p: &FpsParams| -> Result<(), VerifyError> {
         let lengths: Vec<usize> = clouds.iter().map(|c| c.len()).collect();
-        let mut x = Vec::new();
-        let mut y = Vec::new();
-        let mut z = Vec::new();
-        for c in clouds {
-            x.extend_from_slice(c.x());
-            y.extend_from_slice(c.y());
-            z.extend_from_slice(c.z());
-        }
-        let all = Cloud::from_xyz(x, y, z);
-        let (dev, host) = upload_cloud(ctx, &all)?;
+        let (dev, host) = upload_cloud(ctx, &back_to_back(clouds))?;
         let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, p)?;
         let g1 = farthest_point_sample_batched_with(ctx, &mut scratch, (&dev).into(), &lengths, p)?;
         let plan = scratch.last_plan.clone();
@@ -184,6 +181,44 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
                     if same { format!("via {}", scratch.last_plan.0) } else { first_diff(&runs[0], &cpu.indices) };
                 rows.push(row("fps", &case, n, same, runs[0] == runs[1], detail));
             }
+        }
+        // The register path, launched directly: here the planner takes clusters for these clouds,
+        // which GPUs before sm_90 (Orin, Xavier) run on it, one block per cloud (the winner's
+        // coordinates from registers) or a few blocks exchanging.
+        let grid_cases: Vec<(&str, Vec<Cloud>, FpsParams)> = vec![
+            (
+                "register path, 4 clouds of one block each",
+                vec![rng.cloud(5000, 20.0), rng.cloud(1, 1.0), rng.lattice(3000, 8), rng.cloud(700, 5.0)],
+                FpsParams { num_samples: 600, start_index: 0 },
+            ),
+            (
+                "register path, 100k random over a few blocks",
+                vec![rng.cloud(100_000, 50.0)],
+                FpsParams { num_samples: 1024, start_index: 999 },
+            ),
+            (
+                "register path, lattice dups 20000 over a few blocks",
+                vec![rng.lattice(20000, 12)],
+                FpsParams { num_samples: 1500, start_index: 5 },
+            ),
+        ];
+        for (case, clouds, p) in grid_cases {
+            let lengths: Vec<usize> = clouds.iter().map(|c| c.len()).collect();
+            let (dev, host) = upload_cloud(ctx, &back_to_back(&clouds))?;
+            let cpu = cpu_fps::farthest_point_sample_batched(&host, &lengths, &p)?;
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                launch_grid(ctx, &mut scratch, (&dev).into(), &cpu.offsets, &p)?;
+                runs.push(scratch.download(ctx)?);
+            }
+            let same = runs[0] == cpu.indices;
+            let plan = &scratch.last_plan;
+            let detail = if same {
+                format!("lengths {lengths:?} K={} via {} x{}", p.num_samples, plan.0, plan.1)
+            } else {
+                first_diff(&runs[0], &cpu.indices)
+            };
+            rows.push(row("fps_batched", case, host.len(), same, runs[0] == runs[1], detail));
         }
     }
     Ok(rows)

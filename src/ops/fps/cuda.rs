@@ -215,7 +215,6 @@ pub fn fps_enqueue(
         }
         maxlen = maxlen.max(l);
     }
-    let stream = &ctx.stream;
     scratch.out_len = nb * k;
     if nb == 0 {
         return Ok(());
@@ -232,11 +231,30 @@ pub fn fps_enqueue(
             p
         }
     };
-    if let Some(shape) = plan {
-        return launch_cluster(ctx, scratch, points, offsets, params, shape);
+    match plan {
+        Some(shape) => launch_cluster(ctx, scratch, points, offsets, params, shape),
+        None => launch_grid(ctx, scratch, points, offsets, params),
     }
+}
 
-    // Plan: fewest blocks per cloud with points in registers, else the memory path.
+/// The register or memory path, on every device (on sm_90+ for what the cluster path does not
+/// take): the fewest blocks per cloud that hold the points in registers, else the memory path.
+/// [`fps_enqueue`] calls it after validating; check-gpu also calls it on sm_90+, where the planner
+/// would take clusters for the clouds that pre-sm_90 GPUs run here.
+pub fn launch_grid(
+    ctx: &GpuContext,
+    scratch: &mut FpsScratch,
+    points: DeviceXyz<'_>,
+    offsets: &[usize],
+    params: &FpsParams,
+) -> Result<(), GpuError> {
+    let stream = &ctx.stream;
+    let nb = offsets.len().saturating_sub(1);
+    let k = params.num_samples;
+    let total = *offsets.last().unwrap_or(&0);
+    let maxlen = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let b = ctx.profile.block_size.fps as usize;
+    scratch.out_len = nb * k;
     let max_ppt = register_max_ppt(b);
     let gmin = maxlen.div_ceil(b * max_ppt).max(1);
     let ppt = [1usize, 2, 4, 8, 16].into_iter().find(|p| b * p * gmin >= maxlen).unwrap_or(max_ppt);
