@@ -8,6 +8,7 @@
 //! - [`voxel`], [`fps`], [`neighbors`], [`nms`], [`detect`]: one family's checks and benchmarks.
 //! - [`smoke`]: the gather stage's inputs and comparison.
 //! - [`report`]: the table rows and the check inputs' random generator.
+//! - `workloads`: the fixed benchmark inputs, read and checked against their manifest.
 
 pub mod cpu;
 pub mod detect;
@@ -20,9 +21,11 @@ pub mod soak;
 pub mod suite;
 pub mod tune;
 pub mod voxel;
+mod workloads;
 
 pub use report::{BenchRow, BenchTable, CheckRow, CheckTable};
 pub use suite::{bench_all, check_all, Families, Family};
+pub(crate) use workloads::{workload_f32, workload_indices, workload_xyz};
 
 use crate::cloud::{Cloud, CloudError, Header, PointCloud2, PointLayout};
 use crate::gpu::{upload_and_gather, DeviceCloud, GpuContext, GpuError};
@@ -82,40 +85,6 @@ pub(crate) fn load_scan(ctx: &GpuContext, path: &Path) -> Result<(DeviceCloud, C
     let view = crate::cloud::CloudView::new(msg)?;
     let dev = upload_and_gather(ctx, &view)?;
     Ok((dev, view.gather().cloud))
-}
-
-/// Reads `name.bin` of a workloads directory (raw little-endian) with its shape from manifest.json.
-pub(crate) fn read_workload(dir: &Path, name: &str) -> Result<(Vec<u8>, Vec<usize>), VerifyError> {
-    let manifest = dir.join("manifest.json");
-    let man = std::fs::read_to_string(&manifest).map_err(|e| VerifyError::workload(&manifest, e))?;
-    let key = format!("\"{name}\"");
-    let at = man.find(&key).ok_or_else(|| VerifyError::workload(&manifest, format!("no array {name}")))?;
-    let rest = &man[at..];
-    let s = rest.find("\"shape\"").ok_or_else(|| VerifyError::workload(&manifest, format!("{name}: no shape")))?;
-    let open = rest[s..].find('[').unwrap() + s;
-    let close = rest[open..].find(']').unwrap() + open;
-    let shape: Vec<usize> = rest[open + 1..close].split(',').filter_map(|t| t.trim().parse().ok()).collect();
-    let bin = dir.join(format!("{name}.bin"));
-    let bytes = std::fs::read(&bin).map_err(|e| VerifyError::workload(&bin, e))?;
-    Ok((bytes, shape))
-}
-
-/// An int64 index workload (`w3b_queries_idx`, ...) as indices.
-pub(crate) fn workload_indices(dir: &Path, name: &str) -> Result<Vec<usize>, VerifyError> {
-    let (bytes, _shape) = read_workload(dir, name)?;
-    Ok(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect())
-}
-
-/// An `[N, 3]` float32 workload as x, y, z columns.
-pub(crate) fn workload_xyz(dir: &Path, name: &str) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), VerifyError> {
-    let (bytes, _shape) = read_workload(dir, name)?;
-    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-    let n = v.len() / 3;
-    Ok((
-        (0..n).map(|i| v[3 * i]).collect(),
-        (0..n).map(|i| v[3 * i + 1]).collect(),
-        (0..n).map(|i| v[3 * i + 2]).collect(),
-    ))
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {

@@ -355,35 +355,6 @@ pub fn read_detections(path: &Path) -> Result<(Vec<Box3d>, Vec<f32>, Vec<i32>), 
 // ---------------------------------------------------------------------------------------------
 // Fixed workloads and bench.
 
-/// The `shape` of array `name` in `dir/manifest.json` (a minimal reader: no JSON dependency).
-fn manifest_shape(dir: &Path, name: &str) -> Option<Vec<usize>> {
-    let text = std::fs::read_to_string(dir.join("manifest.json")).ok()?;
-    let at = text.find(&format!("\"{name}\""))?;
-    let rest = &text[at..];
-    let sh = rest.find("\"shape\"")?;
-    let rest = &rest[sh..];
-    let open = rest.find('[')?;
-    let close = rest.find(']')?;
-    rest[open + 1..close].split(',').map(|t| t.trim().parse().ok()).collect()
-}
-
-fn read_f32(dir: &Path, name: &str, cols: usize) -> Result<(Vec<f32>, usize), VerifyError> {
-    let path = dir.join(format!("{name}.bin"));
-    let bytes = std::fs::read(&path).map_err(|e| VerifyError::workload(&path, e))?;
-    let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let rows = v.len() / cols.max(1);
-    if let Some(shape) = manifest_shape(dir, name) {
-        let want: usize = shape.iter().product();
-        if want != v.len() || shape[0] != rows {
-            return Err(VerifyError::workload(
-                &path,
-                format!("manifest.json gives {name} the shape {shape:?}, the file holds {} floats", v.len()),
-            ));
-        }
-    }
-    Ok((v, rows))
-}
-
 /// One fixed workload: name, boxes, scores, params, target and peer figures, peer kept count.
 pub struct Workload {
     pub name: String,
@@ -407,8 +378,8 @@ pub fn load_workloads(dir: &Path) -> Result<Vec<Workload>, VerifyError> {
         if !dir.join(format!("{name}.bin")).exists() {
             continue;
         }
-        let (b, rows) = read_f32(dir, &name, 4)?;
-        let (scores, _) = read_f32(dir, &format!("aa_scores_{n}"), 1)?;
+        let (b, rows) = super::workload_f32(dir, &name, 4)?;
+        let (scores, _) = super::workload_f32(dir, &format!("aa_scores_{n}"), 1)?;
         let boxes = (0..rows)
             .map(|i| {
                 let (x1, y1, x2, y2) = (b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]);
@@ -433,8 +404,8 @@ pub fn load_workloads(dir: &Path) -> Result<Vec<Workload>, VerifyError> {
         if !dir.join(format!("{name}.bin")).exists() {
             continue;
         }
-        let (b, rows) = read_f32(dir, &name, 7)?;
-        let (scores, _) = read_f32(dir, &format!("rot_scores_{n}"), 1)?;
+        let (b, rows) = super::workload_f32(dir, &name, 7)?;
+        let (scores, _) = super::workload_f32(dir, &format!("rot_scores_{n}"), 1)?;
         let boxes: Vec<Box3d> = (0..rows)
             .map(|i| {
                 let v = &b[7 * i..7 * i + 7];

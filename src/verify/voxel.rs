@@ -424,14 +424,9 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
     Ok(rows)
 }
 
-/// Reads `dir/name.bin` as `[N, 4]` float32 LE (x, y, z, r) into a cloud.
+/// Workload `name` (`[N, 4]` float32: x, y, z, r) as a cloud.
 pub(crate) fn load_xyzr(dir: &Path, name: &str) -> Result<Cloud, VerifyError> {
-    let p = dir.join(format!("{name}.bin"));
-    let bytes = std::fs::read(&p).map_err(|e| VerifyError::workload(&p, e))?;
-    if bytes.len() % 16 != 0 {
-        return Err(VerifyError::workload(&p, format!("{} bytes: not [N, 4] float32", bytes.len())));
-    }
-    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let (v, _rows) = super::workload_f32(dir, name, 4)?;
     let c = |k: usize| v.iter().skip(k).step_by(4).copied().collect::<Vec<f32>>();
     Ok(Cloud::from_xyz(c(0), c(1), c(2)).with_channel("intensity", c(3)))
 }
