@@ -16,8 +16,9 @@
 // With G > 1 the blocks of a cloud atomicMax their key into the step's exchange slot, arrive on a
 // per-cloud counter and spin until all G have arrived (all blocks are co-resident: the host launches
 // cooperatively); then each block reads the slot and the winner's coordinates. A step costs the
-// barrier plus two dependent L2 round trips, whatever G is (a board of G entries to reduce took
-// G / 32 more). The result is independent of scheduling: keys are unique and max is associative.
+// barrier plus two dependent L2 round trips, whatever G is (the board of G entries this replaced
+// cost 1.4 us more per step on W2c, BENCHMARKS.md 2026-12-06). The result is independent of
+// scheduling: keys are unique and max is associative.
 //
 // sm_90+ adds a thread-block-cluster path (fps_cl_BLOCK_PPT, below), exchanging through distributed
 // shared memory instead of global memory.
