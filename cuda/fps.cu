@@ -6,19 +6,20 @@
 //
 // Layout: one launch handles B clouds stored back to back (ragged, `offsets[b] .. offsets[b+1]`),
 // G blocks per cloud ("cloud group"). Block g of a cloud owns a contiguous chunk of its points.
-//  - register path (fps_reg_PPT): each thread keeps PPT points (x, y, z, min_dist) in registers,
-//    point i of the chunk at slot i / FPS_BLOCK, thread i % FPS_BLOCK (coalesced load once);
+//  - register path (fps_reg_PPT): each thread keeps PPT consecutive points (x, y, z, min_dist) in
+//    registers, so that a warp's points are near each other in a scan-ordered cloud (see FpsBox);
 //  - memory path (fps_mem): the chunk is re-read from global memory every iteration (L2-resident)
 //    and min_dist lives in a global scratch array (any cloud size).
-// Every iteration: each thread updates its min distances and keeps its best key
-// (min_dist bits << 32 | ~index: larger distance first, then lower index; selected points key 0);
+// Every iteration: each thread updates its min distances (unless its warp skips: FpsBox) and keeps
+// its best key (min_dist bits << 32 | ~index: larger distance first, then lower index; selected
+// points key 0);
 // warp reductions and one shared-memory step give the block's best. With G == 1 that is the sample.
-// With G > 1 the blocks of a cloud atomicMax their key into the step's exchange slot, arrive on a
-// per-cloud counter and spin until all G have arrived (all blocks are co-resident: the host launches
-// cooperatively); then each block reads the slot and the winner's coordinates. A step costs the
-// barrier plus two dependent L2 round trips, whatever G is (the board of G entries this replaced
-// cost 1.4 us more per step on W2c, BENCHMARKS.md 2026-12-06). The result is independent of
-// scheduling: keys are unique and max is associative.
+// With G > 1 the blocks of a cloud atomicMax their key into the step's exchange slot, add one to
+// the slot's arrival count and spin until all G have arrived (all blocks are co-resident: the host
+// launches cooperatively). Key and count share 16 bytes, so the load that sees the last arrival
+// also brings the final key; then each block reads the winner's coordinates. A board of G
+// (key, x, y, z) entries read by every block was slower on W2c (BENCHMARKS.md 2026-12-06). The
+// result is independent of scheduling: keys are unique and max is associative.
 //
 // sm_90+ adds a thread-block-cluster path (fps_cl_BLOCK_PPT, below), exchanging through distributed
 // shared memory instead of global memory.
@@ -71,15 +72,79 @@ __device__ __forceinline__ u64 warp_max_u64(u64 v) {
 #endif
 }
 
-// Exchange slots per cloud: step s reduces into slot s % 3. Block 0 clears slot (s + 1) % 3 before
-// it arrives at step s: every block has read that slot (at step s - 2) before arriving at step
-// s - 1, and no block adds to it before leaving step s's barrier. The host zeroes all of them.
-#define FPS_SLOTS 3u
+// Exchange slots per cloud, 16 bytes each: (key, arrival count). Step s reduces into slot s % 3.
+// Block 0 clears slot (s + 1) % 3 before it arrives at step s: every block has read that slot (at
+// step s - 2) before arriving at step s - 1, and no block adds to it before leaving step s's
+// barrier. The host zeroes all of them; it sizes them with the same FPS_SLOTS (passed to NVRTC).
+#ifndef FPS_SLOTS
+#error "FPS_SLOTS is passed by src/ops/fps/cuda.rs"
+#endif
+
+// Arrive on a slot and wait for the cloud group: the release add orders this block's atomicMax
+// (and block 0's clearing) before its arrival. The spin reads key and count with one aligned
+// 16-byte load, which L2 serves from one sector at one time, so when it shows all G arrivals it
+// shows the key they left: one round trip where reading the key after the count took two (W2c
+// 44.5 -> 34.2 ms on an H100). The PTX memory model promises this per element only (a vector
+// access is a set of scalar ones); the hardware's sector access is what is relied on, and
+// check-gpu's grid rows (thousands of exchanges, lattice ties decided across blocks) test it.
+__device__ __forceinline__ u64 fps_slot_arrive_wait(u64* slot, unsigned int G) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(slot + 1) : "memory");
+    u64 key, count;
+    do {
+        asm volatile("ld.acquire.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(key), "=l"(count) : "l"(slot) : "memory");
+    } while ((unsigned int)count < G);
+    return key;
+}
+
+// A warp's points lie in an axis-aligned box. lk_dist2 from the selected point to the box's nearest
+// point is at most the distance of every point in the box, computed the same way (each rounding is
+// monotonic). While it exceeds the largest min distance of the warp, no min distance of the warp can
+// change, so the warp skips its update and keeps its arg-max: exact, whatever the points' order, and
+// on scan-ordered clouds most warps are far from most samples. NaN compares false: no skip.
+struct FpsBox {
+    float lx, ly, lz, hx, hy, hz;
+};
+
+// The box of the points a warp holds, each thread passing the bounds of its own (+inf / -inf for
+// none).
+__device__ __forceinline__ FpsBox fps_warp_box(FpsBox b) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        b.lx = fminf(b.lx, __shfl_xor_sync(0xffffffffu, b.lx, o));
+        b.ly = fminf(b.ly, __shfl_xor_sync(0xffffffffu, b.ly, o));
+        b.lz = fminf(b.lz, __shfl_xor_sync(0xffffffffu, b.lz, o));
+        b.hx = fmaxf(b.hx, __shfl_xor_sync(0xffffffffu, b.hx, o));
+        b.hy = fmaxf(b.hy, __shfl_xor_sync(0xffffffffu, b.hy, o));
+        b.hz = fmaxf(b.hz, __shfl_xor_sync(0xffffffffu, b.hz, o));
+    }
+    return b;
+}
+
+__device__ __forceinline__ void fps_box_add(FpsBox& b, float x, float y, float z) {
+    b.lx = fminf(b.lx, x);
+    b.ly = fminf(b.ly, y);
+    b.lz = fminf(b.lz, z);
+    b.hx = fmaxf(b.hx, x);
+    b.hy = fmaxf(b.hy, y);
+    b.hz = fmaxf(b.hz, z);
+}
+
+__device__ __forceinline__ FpsBox fps_box_empty() {
+    const float inf = __int_as_float(0x7f800000);
+    return FpsBox{inf, inf, inf, -inf, -inf, -inf};
+}
+
+__device__ __forceinline__ bool fps_box_far(const FpsBox& b, float sx, float sy, float sz, float wmax) {
+    const float cx = fminf(fmaxf(sx, b.lx), b.hx);
+    const float cy = fminf(fmaxf(sy, b.ly), b.hy);
+    const float cz = fminf(fmaxf(sz, b.lz), b.hz);
+    return lk_dist2(sx, sy, sz, cx, cy, cz) > wmax;
+}
 
 template <int PPT, bool MEM>
 __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const unsigned int* __restrict__ offsets,
                                          int* __restrict__ out, float* __restrict__ md, u64* exchange,
-                                         unsigned int* counters, const FpsKernelParams& p) {
+                                         const FpsKernelParams& p) {
     __shared__ u64 s_key[FPS_WARPS];
     __shared__ float4 s_xyz[FPS_WARPS];
     __shared__ float4 s_sel;
@@ -106,23 +171,26 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
     const float* Y = xyz + p.stride + off;
     const float* Z = xyz + 2ull * p.stride + off;
     float* M = md + off;
-    u64* slots = exchange + (u64)cloud * FPS_SLOTS;
+    u64* slots = exchange + (u64)cloud * FPS_SLOTS * 2u;
 
     const unsigned int chunk = MEM ? p.chunk : (unsigned int)(FPS_BLOCK * PPT);
     const unsigned int c0 = g * chunk;
     const unsigned int c1 = c0 + chunk < len ? c0 + chunk : len; // c0 may exceed len: empty block
 
     unsigned int last = p.start;
+    const unsigned int t0 = c0 + tid * (unsigned int)PPT; // register path: this thread's first point
     float px[MEM ? 1 : PPT], py[MEM ? 1 : PPT], pz[MEM ? 1 : PPT], pm[MEM ? 1 : PPT];
+    FpsBox box = fps_box_empty();
     if (!MEM) {
 #pragma unroll
         for (int s = 0; s < PPT; ++s) {
-            const unsigned int i = c0 + (unsigned int)s * FPS_BLOCK + tid;
+            const unsigned int i = t0 + (unsigned int)s;
             if (i < c1) {
                 px[s] = X[i];
                 py[s] = Y[i];
                 pz[s] = Z[i];
                 pm[s] = i == last ? -1.0f : __int_as_float(0x7f800000); // +inf
+                fps_box_add(box, px[s], py[s], pz[s]);
             } else {
                 px[s] = 0.0f;
                 py[s] = 0.0f;
@@ -132,25 +200,38 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
         }
     }
 
+    if (!MEM) box = fps_warp_box(box);
+
     float sx = X[last], sy = Y[last], sz = Z[last];
+    // This thread's best key and its warp's, kept while the warp skips (register path); +inf
+    // makes the first step update.
+    u64 best = 0ull, wbest = 0ull;
+    float wmax = __int_as_float(0x7f800000);
 
     for (unsigned int step = 1; step < steps; ++step) {
         // Min-distance update and this thread's arg-max (strict >: its points are visited in
         // index order, so ties go to the lowest index). fminf(d, m) = `d < m ? d : m` (m is never
         // NaN, fminf(NaN, m) = m); -1 (selected, absent) stays below every d >= 0.
-        float bm = -1.0f;
-        unsigned int bi = 0u;
         if (!MEM) {
+            if (!fps_box_far(box, sx, sy, sz, wmax)) {
+                float bm = -1.0f;
+                unsigned int bi = 0u;
 #pragma unroll
-            for (int s = 0; s < PPT; ++s) {
-                const float m = fminf(lk_dist2(px[s], py[s], pz[s], sx, sy, sz), pm[s]);
-                pm[s] = m;
-                if (m > bm) {
-                    bm = m;
-                    bi = c0 + (unsigned int)s * FPS_BLOCK + tid;
+                for (int s = 0; s < PPT; ++s) {
+                    const float m = fminf(lk_dist2(px[s], py[s], pz[s], sx, sy, sz), pm[s]);
+                    pm[s] = m;
+                    if (m > bm) {
+                        bm = m;
+                        bi = t0 + (unsigned int)s;
+                    }
                 }
+                best = fps_key(bm, bi);
+                wbest = warp_max_u64(best);
+                wmax = wbest == 0ull ? -1.0f : __uint_as_float((unsigned int)(wbest >> 32));
             }
         } else {
+            float bm = -1.0f;
+            unsigned int bi = 0u;
             for (unsigned int i = c0 + tid; i < c1; i += FPS_BLOCK) {
                 const float d = lk_dist2(X[i], Y[i], Z[i], sx, sy, sz);
                 const float m = i == last ? -1.0f : fminf(d, step == 1 ? __int_as_float(0x7f800000) : M[i]);
@@ -160,17 +241,18 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
                     bi = i;
                 }
             }
+            best = fps_key(bm, bi);
+            wbest = warp_max_u64(best);
         }
         // Block arg-max. With G == 1 it is the sample, and its coordinates come from the winner's
         // registers (a global read would add a round trip to every step of every batched cloud).
-        const u64 best = fps_key(bm, bi);
-        const u64 wbest = warp_max_u64(best);
         if (lane == 0) s_key[warp] = wbest;
         if (!MEM && G == 1 && best == wbest && wbest != 0ull) {
+            const unsigned int bi = 0xffffffffu - (unsigned int)(best & 0xffffffffull);
             float bx = 0.0f, by = 0.0f, bz = 0.0f;
 #pragma unroll
             for (int s = 0; s < PPT; ++s) {
-                if (c0 + (unsigned int)s * FPS_BLOCK + tid == bi) {
+                if (t0 + (unsigned int)s == bi) {
                     bx = px[s];
                     by = py[s];
                     bz = pz[s];
@@ -183,13 +265,15 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
             const u64 v = lane < FPS_WARPS ? s_key[lane] : 0ull;
             u64 gbest = warp_max_u64(v);
             if (G > 1 && lane == 0) {
-                // One atomic max into the step's slot, arrive, wait for the cloud group, read the
-                // slot: two dependent L2 round trips after the barrier (slot, then coordinates).
-                u64* slot = slots + step % FPS_SLOTS;
+                // One atomic max into the step's slot, arrive, wait for the cloud group and the
+                // key; the coordinates are one more L2 round trip.
+                u64* slot = slots + 2u * (step % FPS_SLOTS);
                 if (gbest != 0ull) atomicMax(slot, gbest);
-                if (g == 0) __stcg(slots + (step + 1u) % FPS_SLOTS, 0ull);
-                lk_grid_arrive_wait(&counters[cloud], step * G);
-                gbest = __ldcg(slot);
+                if (g == 0) {
+                    ulonglong2* next = reinterpret_cast<ulonglong2*>(slots + 2u * ((step + 1u) % FPS_SLOTS));
+                    __stcg(next, make_ulonglong2(0ull, 0ull));
+                }
+                gbest = fps_slot_arrive_wait(slot, G);
             }
             const unsigned int win = __ballot_sync(0xffffffffu, lane < FPS_WARPS && v == gbest);
             if (lane == 0) {
@@ -213,10 +297,10 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
         if (g == 0 && tid == 0) row[step] = (int)last;
         if (!MEM) {
             const unsigned int rel = last - c0; // the selected point leaves the candidates
-            if (rel < chunk && rel % FPS_BLOCK == tid) {
+            if (rel < chunk && rel / (unsigned int)PPT == tid) {
 #pragma unroll
                 for (int s = 0; s < PPT; ++s)
-                    if ((unsigned int)s == rel / FPS_BLOCK) pm[s] = -1.0f;
+                    if ((unsigned int)s == rel % (unsigned int)PPT) pm[s] = -1.0f;
             }
         }
     }
@@ -224,8 +308,8 @@ __device__ __forceinline__ void fps_body(const float* __restrict__ xyz, const un
 
 #define FPS_ARGS                                                                                        \
     const float* __restrict__ xyz, const unsigned int* __restrict__ offsets, int* __restrict__ out,    \
-        float* __restrict__ md, u64* exchange, unsigned int* counters, const FpsKernelParams p
-#define FPS_PASS xyz, offsets, out, md, exchange, counters, p
+        float* __restrict__ md, u64* exchange, const FpsKernelParams p
+#define FPS_PASS xyz, offsets, out, md, exchange, p
 
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_1(FPS_ARGS) { fps_body<1, false>(FPS_PASS); }
 extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_reg_2(FPS_ARGS) { fps_body<2, false>(FPS_PASS); }
@@ -248,7 +332,8 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_
 // keeps points r * CHUNK + t * PPT + s, s < PPT (contiguous, so position order = index order) in
 // registers, and the block keeps a float4 copy of its chunk in dynamic shared memory (the winner's
 // coordinates). Per iteration:
-//  1. min-distance update (fminf(d, m) = `d < m ? d : m`: m is never NaN, fminf(NaN, m) = m;
+//  1. min-distance update, which warps far from the sample skip where PPT >= 12 (FpsBox)
+//     (fminf(d, m) = `d < m ? d : m`: m is never NaN, fminf(NaN, m) = m;
 //     selected / absent points hold -1, which every d >= 0 keeps) and per-thread arg-max (strict >:
 //     lowest slot);
 //  2. warp: max of the float bits as int (m >= 0 or -1, so int order = float order, selected/absent
@@ -323,6 +408,9 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
                                                  int* __restrict__ out, const FpsKernelParams& p) {
     constexpr unsigned int CHUNK = (unsigned int)(BLOCK * PPT);
     constexpr unsigned int WARPS = (unsigned int)(BLOCK / 32);
+    // The box test adds its latency to every step: it paid on W2a (14 points per thread, 4.26 ->
+    // 3.99 ms on an H100) and cost on W2b (8 points, 0.655 -> 0.698 ms), BENCHMARKS.md 2026-12-06.
+    constexpr bool SKIP = PPT >= 12;
     extern __shared__ float4 s_pts[]; // CHUNK entries
     __shared__ int s_wv[2][WARPS];
     __shared__ unsigned int s_wi[2][WARPS];
@@ -355,6 +443,7 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
     const unsigned int t0 = c0 + tid * (unsigned int)PPT; // index of this thread's slot 0
 
     float px[PPT], py[PPT], pz[PPT], pm[PPT];
+    FpsBox box = fps_box_empty();
 #pragma unroll
     for (int s = 0; s < PPT; ++s) {
         const unsigned int i = t0 + (unsigned int)s;
@@ -363,6 +452,7 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
             py[s] = Y[i];
             pz[s] = Z[i];
             pm[s] = __int_as_float(0x7f800000); // +inf
+            if (SKIP) fps_box_add(box, px[s], py[s], pz[s]);
         } else {
             px[s] = 0.0f;
             py[s] = 0.0f;
@@ -388,30 +478,39 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
         mbar_init(&s_mbar[1], 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    if (SKIP) box = fps_warp_box(box);
     cl_sync(); // every block of the cluster has started; s_pts and the mbarriers are initialized
     unsigned int phase = 0u; // bit b: parity of the current phase of s_mbar[b]
+    // This thread's arg-max and the warp's (value bits, lowest lane holding it), kept while the
+    // warp skips; +inf makes the first step update.
+    float bm = -1.0f;
+    unsigned int bs = 0u;
+    int wv = 0x7f800000;
+    unsigned int wlane = 0u;
 
     for (unsigned int step = 1; step < steps; ++step) {
         const unsigned int buf = step & 1u;
         // This block's own arrival on this step's mbarrier, expecting G slot writes (20 bytes each).
         if (tid == 0) mbar_arrive_expect_tx(&s_mbar[buf], G * 20u);
-        float bm = -1.0f;
-        unsigned int bs = 0u;
+        if (!SKIP || !fps_box_far(box, sx, sy, sz, __int_as_float(wv))) {
+            bm = -1.0f;
+            bs = 0u;
 #pragma unroll
-        for (int s = 0; s < PPT; ++s) {
-            const float d = lk_dist2(px[s], py[s], pz[s], sx, sy, sz);
-            const float m = fminf(d, pm[s]);
-            pm[s] = m;
-            if (m > bm) {
-                bm = m;
-                bs = (unsigned int)s;
+            for (int s = 0; s < PPT; ++s) {
+                const float d = lk_dist2(px[s], py[s], pz[s], sx, sy, sz);
+                const float m = fminf(d, pm[s]);
+                pm[s] = m;
+                if (m > bm) {
+                    bm = m;
+                    bs = (unsigned int)s;
+                }
             }
+            // Warp arg-max: value, then lowest lane.
+            const int v = __float_as_int(bm);
+            wv = __reduce_max_sync(0xffffffffu, v);
+            wlane = (unsigned int)(__ffs(__ballot_sync(0xffffffffu, v == wv)) - 1);
         }
-        // Warp arg-max: value, then lowest lane.
-        const int v = __float_as_int(bm);
-        const int wv = __reduce_max_sync(0xffffffffu, v);
-        const unsigned int wt = __ballot_sync(0xffffffffu, v == wv);
-        if (lane == (unsigned int)(__ffs(wt) - 1)) {
+        if (lane == wlane) {
             s_wv[buf][warp] = wv;
             s_wi[buf][warp] = t0 + bs;
         }

@@ -57,6 +57,7 @@ pub fn compile_options(arch: &str, profile: &KernelProfile) -> Vec<String> {
         "--prec-sqrt=true".to_string(),
         "-DLIDAR_KERNELS=1".to_string(),
         format!("-DLK_HOST_DEFAULT_NAN={HOST_DEFAULT_NAN:#x}ull"),
+        format!("-DFPS_SLOTS={}u", crate::ops::fps::cuda::EXCHANGE_SLOTS),
     ];
     o.extend(profile.defines());
     o

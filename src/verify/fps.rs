@@ -38,6 +38,15 @@ fn row(operator: &str, case: &str, points: usize, same: bool, det: bool, detail:
 const SCAN0_PREFIX: [i32; 10] = [0, 45184, 45610, 39325, 45611, 6407, 54302, 48405, 64409, 41877];
 
 /// The xyz of `clouds` in one cloud, back to back (a batch).
+/// `cloud` with its points sorted by position (x, then y, then z): each warp's points lie in a
+/// small box, as in a scan-ordered cloud, so that the kernels skip most warp updates (cuda/fps.cu,
+/// `FpsBox`), and lattice duplicates sit side by side.
+fn sorted_by_position(cloud: &Cloud) -> Cloud {
+    let mut pts: Vec<[f32; 3]> = (0..cloud.len()).map(|i| cloud.point(i)).collect();
+    pts.sort_by(|a, b| a[0].total_cmp(&b[0]).then(a[1].total_cmp(&b[1])).then(a[2].total_cmp(&b[2])));
+    Cloud::from_points(&pts)
+}
+
 fn back_to_back(clouds: &[Cloud]) -> Cloud {
     let cat = |f: fn(&Cloud) -> &[f32]| clouds.iter().flat_map(|c| f(c).iter().copied()).collect::<Vec<f32>>();
     Cloud::from_xyz(cat(Cloud::x), cat(Cloud::y), cat(Cloud::z))
@@ -112,6 +121,22 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
         // decided across blocks once the 864 distinct positions are taken.
         ("600k random, K=3000".into(), rng.cloud(600_000, 60.0), FpsParams { num_samples: 3000, start_index: 4242 }),
         ("lattice dups 300k, K=1500".into(), rng.lattice(300_000, 12), FpsParams { num_samples: 1500, start_index: 0 }),
+        // Sorted by position: most warps skip their update, and ties are decided among skipping ones.
+        (
+            "lattice dups 20000 sorted, K=2048".into(),
+            sorted_by_position(&rng.lattice(20000, 12)),
+            FpsParams { num_samples: 2048, start_index: 5 },
+        ),
+        (
+            "lattice dups 300k sorted, K=1500".into(),
+            sorted_by_position(&rng.lattice(300_000, 12)),
+            FpsParams { num_samples: 1500, start_index: 77 },
+        ),
+        (
+            "600k random sorted, K=3000".into(),
+            sorted_by_position(&rng.cloud(600_000, 60.0)),
+            FpsParams { num_samples: 3000, start_index: 0 },
+        ),
     ];
     for (case, cloud, p) in &cases {
         let (dev, host) = upload_cloud(ctx, cloud)?;
@@ -200,6 +225,15 @@ pub fn check(ctx: &GpuContext, seed: u64, ouster_dir: &Path) -> Result<Vec<Check
                 "register path, lattice dups 20000 over a few blocks",
                 vec![rng.lattice(20000, 12)],
                 FpsParams { num_samples: 1500, start_index: 5 },
+            ),
+            (
+                "register path, 3 sorted clouds (one block, a few blocks)",
+                vec![
+                    sorted_by_position(&rng.lattice(6000, 10)),
+                    sorted_by_position(&rng.cloud(60_000, 30.0)),
+                    sorted_by_position(&rng.lattice(30_000, 12)),
+                ],
+                FpsParams { num_samples: 1200, start_index: 0 },
             ),
         ];
         for (case, clouds, p) in grid_cases {

@@ -4,7 +4,7 @@
 //! One launch samples one cloud or a batch of ragged clouds. Each cloud gets G blocks: with G = 1 a
 //! block runs the whole FPS of its cloud (the batched case); with G > 1 the G blocks of a cloud are
 //! co-resident (cooperative launch) and exchange their block arg-max each iteration through one
-//! atomic-max slot per step and a per-cloud arrival counter. Points (x, y, z, min distance) stay
+//! 16-byte slot per step: an atomic-max key and the count of blocks that have arrived. Points (x, y, z, min distance) stay
 //! in registers (up to 8 per thread, 16 in blocks of at most 512 threads), else the kernel re-reads
 //! them from global memory (L2) with the min distances in a global scratch array.
 //!
@@ -39,16 +39,16 @@ unsafe impl DeviceRepr for FpsKernelParams {}
 // Same size as the CUDA struct (`static_assert` in cuda/fps.cu).
 const _: () = assert!(std::mem::size_of::<FpsKernelParams>() == 32);
 
-/// Exchange slots per cloud of the grid path (`FPS_SLOTS` in cuda/fps.cu).
-const EXCHANGE_SLOTS: usize = 3;
+/// Exchange slots per cloud of the grid path, each a (key, arrival count) pair of u64; NVRTC gets
+/// it as `FPS_SLOTS` (cuda/fps.cu).
+pub const EXCHANGE_SLOTS: usize = 3;
 
 /// Grow-only device buffers of the FPS launches (reuse one across frames: nothing is allocated in
 /// steady state). After [`fps_enqueue`], [`FpsScratch::indices`] holds the `[B, K]` result.
 pub struct FpsScratch {
     md: GrowBuffer<f32>,
-    /// `FPS_SLOTS` (3) atomic-max slots per cloud, zeroed per launch.
+    /// [`EXCHANGE_SLOTS`] (key, arrival count) slots per cloud, zeroed per launch.
     exchange: GrowBuffer<u64>,
-    counters: GrowBuffer<u32>,
     offsets: GrowBuffer<u32>,
     out: GrowBuffer<i32>,
     uploaded_offsets: Vec<u32>,
@@ -88,7 +88,6 @@ impl FpsScratch {
         Ok(Self {
             md: GrowBuffer::new(s, 0)?,
             exchange: GrowBuffer::new(s, 0)?,
-            counters: GrowBuffer::new(s, 0)?,
             offsets: GrowBuffer::new(s, 0)?,
             out: GrowBuffer::new(s, 0)?,
             uploaded_offsets: Vec::new(),
@@ -285,10 +284,9 @@ pub fn launch_grid(
         scratch.uploaded_offsets = offs;
     }
     let md = scratch.md.ensure(stream, if name == "fps_mem" { total.max(1) } else { 1 })?;
-    let exchange = scratch.exchange.ensure(stream, nb * EXCHANGE_SLOTS)?;
-    stream.memset_zeros(&mut exchange.slice_mut(..nb * EXCHANGE_SLOTS))?;
-    let counters = scratch.counters.ensure(stream, nb)?;
-    stream.memset_zeros(&mut counters.slice_mut(..nb))?;
+    let exchange_len = nb * EXCHANGE_SLOTS * 2;
+    let exchange = scratch.exchange.ensure(stream, exchange_len)?;
+    stream.memset_zeros(&mut exchange.slice_mut(..exchange_len))?;
     let out = scratch.out.ensure(stream, (nb * k).max(1))?;
     let p = FpsKernelParams {
         stride: points.stride as u64,
@@ -307,10 +305,9 @@ pub fn launch_grid(
     l.arg(&mut *out);
     l.arg(&mut *md);
     l.arg(&mut *exchange);
-    l.arg(&mut *counters);
     l.arg(&p);
     // SAFETY: argument order and types match `fps_*` in cuda/fps.cu; buffers: out >= nb * k,
-    // offsets nb + 1, exchange nb * EXCHANGE_SLOTS (zeroed), counters nb (zeroed), md >= total
+    // offsets nb + 1, exchange nb * EXCHANGE_SLOTS * 2 (zeroed), md >= total
     // (memory path), points cover `total` with `stride`. Cooperative launches guarantee the co-residency the
     // per-cloud spin barrier needs.
     unsafe {
