@@ -10,7 +10,8 @@
 //    registers, so that a warp's points are near each other in a scan-ordered cloud (see FpsBox);
 //  - memory path (fps_mem): the chunk is re-read from global memory every iteration (L2-resident)
 //    and min_dist lives in a global scratch array (any cloud size).
-// Every iteration: each thread updates its min distances (unless its warp skips: FpsBox) and keeps
+// Every iteration: each thread updates its min distances (register path: unless its warp skips,
+// FpsBox) and keeps
 // its best key (min_dist bits << 32 | ~index: larger distance first, then lower index; selected
 // points key 0);
 // warp reductions and one shared-memory step give the block's best. With G == 1 that is the sample.
@@ -18,7 +19,7 @@
 // the slot's arrival count and spin until all G have arrived (all blocks are co-resident: the host
 // launches cooperatively). Key and count share 16 bytes, so the load that sees the last arrival
 // also brings the final key; then each block reads the winner's coordinates. A board of G
-// (key, x, y, z) entries read by every block was slower on W2c (BENCHMARKS.md 2026-12-06). The
+// (key, x, y, z) entries read by every block was slower on W2c (BENCHMARKS.md 2026-12-06 (later)). The
 // result is independent of scheduling: keys are unique and max is associative.
 //
 // sm_90+ adds a thread-block-cluster path (fps_cl_BLOCK_PPT, below), exchanging through distributed
@@ -72,12 +73,17 @@ __device__ __forceinline__ u64 warp_max_u64(u64 v) {
 #endif
 }
 
-// Exchange slots per cloud, 16 bytes each: (key, arrival count). Step s reduces into slot s % 3.
-// Block 0 clears slot (s + 1) % 3 before it arrives at step s: every block has read that slot (at
-// step s - 2) before arriving at step s - 1, and no block adds to it before leaving step s's
-// barrier. The host zeroes all of them; it sizes them with the same FPS_SLOTS (passed to NVRTC).
+// Exchange slots per cloud, 16 bytes each: (key, arrival count). Step s reduces into slot
+// s % FPS_SLOTS. Block 0 clears slot s + 1 before it arrives at step s: with three or more slots,
+// every block has read that slot (at step s + 1 - FPS_SLOTS <= s - 2) before arriving at step s - 1,
+// and no block adds to it before leaving step s's wait. With two, block 0 would clear the slot
+// that slower blocks still spin on. The host zeroes all of them and sizes them with the same
+// constant (EXCHANGE_SLOTS in src/ops/fps/cuda.rs, passed by src/gpu/nvrtc.rs).
 #ifndef FPS_SLOTS
-#error "FPS_SLOTS is passed by src/ops/fps/cuda.rs"
+#error "FPS_SLOTS is passed to NVRTC by src/gpu/nvrtc.rs"
+#endif
+#if FPS_SLOTS < 3
+#error "FPS_SLOTS must be at least 3 (see above)"
 #endif
 
 // Arrive on a slot and wait for the cloud group: the release add orders this block's atomicMax
@@ -100,7 +106,9 @@ __device__ __forceinline__ u64 fps_slot_arrive_wait(u64* slot, unsigned int G) {
 // point is at most the distance of every point in the box, computed the same way (each rounding is
 // monotonic). While it exceeds the largest min distance of the warp, no min distance of the warp can
 // change, so the warp skips its update and keeps its arg-max: exact, whatever the points' order, and
-// on scan-ordered clouds most warps are far from most samples. NaN compares false: no skip.
+// on scan-ordered clouds most warps are far from most samples. A NaN sample or bound compares
+// false: no skip. Points with a NaN coordinate are left out of the box (fminf / fmaxf), which is
+// exact too: their distance is NaN, so their min distance never changes.
 struct FpsBox {
     float lx, ly, lz, hx, hy, hz;
 };
@@ -409,7 +417,8 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
     constexpr unsigned int CHUNK = (unsigned int)(BLOCK * PPT);
     constexpr unsigned int WARPS = (unsigned int)(BLOCK / 32);
     // The box test adds its latency to every step: it paid on W2a (14 points per thread, 4.26 ->
-    // 3.99 ms on an H100) and cost on W2b (8 points, 0.655 -> 0.698 ms), BENCHMARKS.md 2026-12-06.
+    // 4.02 ms on an H100) and cost on W2b when every PPT skipped (8 points, 0.655 -> 0.698 ms),
+    // BENCHMARKS.md 2026-12-06 (later).
     constexpr bool SKIP = PPT >= 12;
     extern __shared__ float4 s_pts[]; // CHUNK entries
     __shared__ int s_wv[2][WARPS];

@@ -37,7 +37,6 @@ fn row(operator: &str, case: &str, points: usize, same: bool, det: bool, detail:
 
 const SCAN0_PREFIX: [i32; 10] = [0, 45184, 45610, 39325, 45611, 6407, 54302, 48405, 64409, 41877];
 
-/// The xyz of `clouds` in one cloud, back to back (a batch).
 /// `cloud` with its points sorted by position (x, then y, then z): each warp's points lie in a
 /// small box, as in a scan-ordered cloud, so that the kernels skip most warp updates (cuda/fps.cu,
 /// `FpsBox`), and lattice duplicates sit side by side.
@@ -47,6 +46,7 @@ fn sorted_by_position(cloud: &Cloud) -> Cloud {
     Cloud::from_points(&pts)
 }
 
+/// The xyz of `clouds` in one cloud, back to back (a batch).
 fn back_to_back(clouds: &[Cloud]) -> Cloud {
     let cat = |f: fn(&Cloud) -> &[f32]| clouds.iter().flat_map(|c| f(c).iter().copied()).collect::<Vec<f32>>();
     Cloud::from_xyz(cat(Cloud::x), cat(Cloud::y), cat(Cloud::z))

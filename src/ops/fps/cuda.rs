@@ -4,9 +4,10 @@
 //! One launch samples one cloud or a batch of ragged clouds. Each cloud gets G blocks: with G = 1 a
 //! block runs the whole FPS of its cloud (the batched case); with G > 1 the G blocks of a cloud are
 //! co-resident (cooperative launch) and exchange their block arg-max each iteration through one
-//! 16-byte slot per step: an atomic-max key and the count of blocks that have arrived. Points (x, y, z, min distance) stay
-//! in registers (up to 8 per thread, 16 in blocks of at most 512 threads), else the kernel re-reads
-//! them from global memory (L2) with the min distances in a global scratch array.
+//! 16-byte slot per step: an atomic-max key and the count of blocks that have arrived. Points (x,
+//! y, z, min distance) stay in registers (up to 8 per thread, 16 in blocks of at most 512
+//! threads), else the kernel re-reads them from global memory (L2) with the min distances in a
+//! global scratch array.
 //!
 //! On sm_90+ a cloud of up to `16 * 512 * 16` points instead runs as one thread-block cluster
 //! (`fps_cl_BLOCK_PPT`): the blocks exchange their arg-max through distributed shared memory
@@ -307,9 +308,9 @@ pub fn launch_grid(
     l.arg(&mut *exchange);
     l.arg(&p);
     // SAFETY: argument order and types match `fps_*` in cuda/fps.cu; buffers: out >= nb * k,
-    // offsets nb + 1, exchange nb * EXCHANGE_SLOTS * 2 (zeroed), md >= total
-    // (memory path), points cover `total` with `stride`. Cooperative launches guarantee the co-residency the
-    // per-cloud spin barrier needs.
+    // offsets nb + 1, exchange nb * EXCHANGE_SLOTS * 2 (zeroed), md >= total (memory path),
+    // points cover `total` with `stride`. Cooperative launches guarantee the co-residency the
+    // per-cloud spin wait needs.
     unsafe {
         if cooperative {
             l.launch_cooperative(cfg)?;
