@@ -11,16 +11,15 @@
 //  - memory path (fps_mem): the chunk is re-read from global memory every iteration (L2-resident)
 //    and min_dist lives in a global scratch array (any cloud size).
 // Every iteration: each thread updates its min distances (register path: unless its warp skips,
-// FpsBox) and keeps
-// its best key (min_dist bits << 32 | ~index: larger distance first, then lower index; selected
-// points key 0);
-// warp reductions and one shared-memory step give the block's best. With G == 1 that is the sample.
-// With G > 1 the blocks of a cloud atomicMax their key into the step's exchange slot, add one to
-// the slot's arrival count and spin until all G have arrived (all blocks are co-resident: the host
-// launches cooperatively). Key and count share 16 bytes, so the load that sees the last arrival
-// also brings the final key; then each block reads the winner's coordinates. A board of G
-// (key, x, y, z) entries read by every block was slower on W2c (BENCHMARKS.md 2026-12-06 (later)). The
-// result is independent of scheduling: keys are unique and max is associative.
+// FpsBox) and keeps its best key (min_dist bits << 32 | ~index: larger distance first, then lower
+// index; selected points key 0); warp reductions and one shared-memory step give the block's best.
+// With G == 1 that is the sample. With G > 1 the blocks of a cloud atomicMax their key into the
+// step's exchange slot, add one to the slot's arrival count and spin until all G have arrived (all
+// blocks are co-resident: the host launches cooperatively). Key and count share 16 bytes, so the
+// load that sees the last arrival also brings the final key; then each block reads the winner's
+// coordinates. A board of G (key, x, y, z) entries read by every block was slower on W2c
+// (BENCHMARKS.md 2026-12-06 (later)). The result is independent of scheduling: keys are unique and
+// max is associative.
 //
 // sm_90+ adds a thread-block-cluster path (fps_cl_BLOCK_PPT, below), exchanging through distributed
 // shared memory instead of global memory.
