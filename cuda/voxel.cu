@@ -50,7 +50,8 @@
 //                        the 9/10 PointPillars channels (fused).
 //   4s. vox_hard_select  P <= 32: one warp per kept voxel takes the min(count, P) smallest point
 //                        indices of its unordered segment in ascending order (= the slots of the
-//                        sorted path: input order) and writes the same outputs as vox_hard_fill.
+//                        sorted path: input order) and writes the same outputs as vox_hard_fill,
+//                        the zero padding only in slots an earlier call may have filled.
 //      vox_dyn_means     one thread per (voxel, channel): f64 sum in input order / count -> f32.
 //      vox_ds_records    the `downsampled` message's records from the means and the input records.
 //      vox_means_xyz     the downsampled cloud's x, y, z columns.
@@ -691,11 +692,17 @@ __device__ __forceinline__ unsigned int warp_sort_asc(unsigned int v) {
 // chunk, elementwise min, is bitonic and holds the 32 smallest of both; five steps sort it). A
 // chunk with no such entry costs one load and one ballot. The pillar sums run over shuffles in
 // slot order.
+// Rows are written only up to max(points, the row's filled slots): the output buffers keep their
+// rows between calls, and features_fill / pillar_fill (per row: slots an earlier call may have
+// left non-zero, 0xffffffff when not known) say which padding slots still need their zeros. Most
+// pillars hold a few points of 32 slots, and the padding's bytes, not the selection, set this
+// kernel's time.
 extern "C" __global__ void __launch_bounds__(VOXEL_BLOCK)
 vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict__ seg_points,
                 const unsigned int* __restrict__ seg_start, const unsigned int* __restrict__ seg_len,
                 const int* __restrict__ coords, unsigned int* counters, unsigned int* __restrict__ num_points,
-                float* __restrict__ features, float* __restrict__ pillar, const VoxParams p) {
+                float* __restrict__ features, float* __restrict__ pillar, unsigned int* __restrict__ features_fill,
+                unsigned int* __restrict__ pillar_fill, const VoxParams p) {
     // One row buffer per warp: 32 slots x max(VOX_MAX_CHANNELS, 10 pillar channels).
     __shared__ float s_rows[VOX_WARPS][32 * VOX_MAX_CHANNELS];
     __shared__ unsigned int s_order[VOX_WARPS][32];
@@ -710,6 +717,8 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
         const unsigned int* seg = seg_points + seg_start[v];
         const unsigned int cnt = seg_len[v];
         const unsigned int np = cnt < P ? cnt : P;
+        const unsigned int raw_filled = (p.flags & FLAG_RAW) ? features_fill[v] : 0u;
+        const unsigned int pillar_filled = (p.flags & FLAG_PILLAR) ? pillar_fill[v] : 0u;
         const unsigned int head = lane < cnt ? seg[lane] : 0xffffffffu;
         unsigned int best;
         if (cnt <= 32u) {
@@ -743,12 +752,13 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
         float* buf = s_rows[warp];
         const bool has = lane < np;
         if (p.flags & FLAG_RAW) {
-            const unsigned int C = p.num_ch, total = P * C;
-            if (lane < P)
+            const unsigned int C = p.num_ch, slots = min(P, max(np, raw_filled)), total = slots * C;
+            if (lane < slots)
                 for (unsigned int k = 0; k < C; ++k) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
             __syncwarp();
-            float* blk = features + (unsigned long long)v * total;
+            float* blk = features + (unsigned long long)v * P * C;
             for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];
+            if (lane == 0u) features_fill[v] = np;
             __syncwarp();
         }
         if (p.flags & FLAG_PILLAR) {
@@ -762,15 +772,17 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
                 sy = __fadd_rn(sy, __shfl_sync(0xffffffffu, y, (int)j));
                 sz = __fadd_rn(sz, __shfl_sync(0xffffffffu, z, (int)j));
             }
-            const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u, total = P * oc;
+            const unsigned int oc = (p.flags & FLAG_RANGE) ? 10u : 9u;
+            const unsigned int slots = min(P, max(np, pillar_filled)), total = slots * oc;
             if (has) {
                 pillar_row(buf + lane * oc, oc, x, y, z, in, sx, sy, sz, np, coords, v, p);
-            } else if (lane < P) {
+            } else if (lane < slots) {
                 for (unsigned int k = 0; k < oc; ++k) buf[lane * oc + k] = 0.0f;
             }
             __syncwarp();
-            float* blk = pillar + (unsigned long long)v * total;
+            float* blk = pillar + (unsigned long long)v * P * oc;
             for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];
+            if (lane == 0u) pillar_fill[v] = np;
             __syncwarp();
         }
     }

@@ -175,6 +175,18 @@ impl<T> DevBuf<T> {
     }
 }
 
+impl DevBuf<u32> {
+    /// Sets every element of the allocation to `value` (stream-ordered).
+    pub(crate) fn fill_all(&self, value: u32) -> Result<(), GpuError> {
+        if self.ptr != 0 {
+            self.stream.context().bind_to_thread()?;
+            // SAFETY: ptr holds len u32 elements.
+            unsafe { sys::cuMemsetD32Async(self.ptr, value, self.len, self.stream.cu_stream()) }.result()?;
+        }
+        Ok(())
+    }
+}
+
 impl<T: DeviceRepr + ValidAsZeroBits + Copy> DevBuf<T> {
     /// Copies the first `len` elements to the host (waits for the stream).
     pub fn to_host(&self, len: usize) -> Result<Vec<T>, GpuError> {

@@ -421,6 +421,56 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
             });
         }
     }
+    rows.extend(check_rows_reused(ctx, &cases)?);
+    Ok(rows)
+}
+
+/// Hard voxels of one cloud after another on one voxelizer, with nothing in between that resets
+/// the rows' fill counts (the select kernel rewrites only the padding slots an earlier cloud
+/// filled): each result against the CPU reference, in case order and back, so that rows with many
+/// points are followed by rows with few. Clouds above 200k points are left out (their reference
+/// runs already above).
+fn check_rows_reused(ctx: &GpuContext, cases: &[(String, Cloud, Vec<usize>)]) -> Result<Vec<CheckRow>, VerifyError> {
+    use crate::ops::voxel as cpu;
+    let chans = [3usize];
+    let small: Vec<_> = cases.iter().filter(|(_, c, _)| c.len() <= 200_000).collect();
+    let order: Vec<_> = small.iter().chain(small.iter().rev()).collect();
+    let mut rows = Vec::new();
+    for (cfg_name, params) in [
+        ("pillars", w1_pillars()),
+        ("small caps", HardVoxelParams { max_points_per_voxel: 3, max_voxels: 1000, ..w1_pillars() }),
+    ] {
+        let mut vox = GpuVoxelizer::new(ctx)?;
+        let (mut same, mut calls, mut values) = (true, 0usize, 0usize);
+        let mut first_diff = None;
+        for (case, cloud, _) in &order {
+            let (dev, host) = upload(ctx, cloud)?;
+            let exp = cpu::voxelize_hard(&project(&host, &chans), &params)?;
+            let pexp = cpu::pillar_features(&exp, &params.grid, true)?;
+            vox.hard_device(ctx, &dev, &chans, &params, true, Some(true))?;
+            let (g, pf) = vox.hard_to_host(ctx)?;
+            let pf = pf.expect("pillar features were asked for");
+            let ok =
+                hard_same(&g, &exp) && bits_eq(&g.features, &exp.features) && bits_eq(&pf.features, &pexp.features);
+            if !ok && first_diff.is_none() {
+                first_diff = Some(format!("first difference after {calls} calls: {case}"));
+            }
+            same &= ok;
+            calls += 1;
+            values += g.features.len() + pf.features.len();
+        }
+        rows.push(CheckRow {
+            operator: "voxelize_hard + pillar_features, rows reused".into(),
+            case: format!("{} clouds there and back / {cfg_name}", small.len()),
+            points: small.iter().map(|(_, c, _)| c.len()).sum(),
+            integers_identical: same,
+            max_rel_err: 0.0,
+            float_tolerance: 0.0,
+            deterministic: same,
+            detail: first_diff
+                .unwrap_or_else(|| format!("{calls} calls on one voxelizer, {values} feature values bit-identical")),
+        });
+    }
     Ok(rows)
 }
 
@@ -512,6 +562,15 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
         let (dev, _) = upload(ctx, &cloud)?;
         let n = dev.len;
         let ch = [3usize];
+        // The same points turned half a turn about z: other pillars, in another order. Alternating
+        // the two, every call rewrites rows an unlike cloud filled, as consecutive scans of a
+        // stream do (the select kernel's writes depend on the previous call's rows).
+        let turned = {
+            let cols = cloud.columns();
+            let neg = |v: &[f32]| v.iter().map(|x| -x).collect::<Vec<f32>>();
+            Cloud::from_xyz(neg(&cols[0]), neg(&cols[1]), cols[2].clone()).with_channel("intensity", cols[3].clone())
+        };
+        let (dev_turned, _) = upload(ctx, &turned)?;
         for (cfg_name, params, target, peer) in
             [("pillars", w1_pillars(), Some(target_p), Some(peer_p)), ("voxels", w1_voxels(), None, Some(peer_v))]
         {
@@ -531,6 +590,29 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
                 note: format!("V={} kept={} host {host_us:.1} us; {stages}", h.voxel_count(), h.kept_points()),
             });
             if cfg_name == "pillars" {
+                for pillar in [None, Some(false)] {
+                    let mut k = 0usize;
+                    let (ms, _) = median_ms(&mut timer, RUNS, || {
+                        k += 1;
+                        vox.hard_device(ctx, if k % 2 == 0 { &dev } else { &dev_turned }, &ch, &params, true, pillar)
+                    })?;
+                    rows.push(BenchRow {
+                        operator: format!(
+                            "voxelize_hard{}, alternating with the cloud turned",
+                            if pillar.is_some() { " + pillar_features (fused)" } else { "" }
+                        ),
+                        workload: format!("W1 {cfg_name} {wl}"),
+                        points: n,
+                        median_ms: ms,
+                        runs: RUNS,
+                        // As the rows below count them: the whole [V, P, C] outputs.
+                        min_bytes: bytes
+                            + if pillar.is_some() { (h.voxel_count() * h.max_points * 9 * 4) as u64 } else { 0 },
+                        target_ms: None,
+                        peer_ms: None,
+                        note: "every call follows one on the other cloud".into(),
+                    });
+                }
                 let (ms, host_us) =
                     median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
                 let (h, pf) = vox.hard_to_host(ctx)?;

@@ -198,6 +198,41 @@ pub enum LastOp {
     },
 }
 
+/// How many leading slots of each `[P, C]` row of a hard-voxel output may hold non-zero values. The
+/// slots past a voxel's points are zero padding and the rows stay in their buffer between calls, so
+/// the select kernel writes a row's points and only the padding slots an earlier call filled: W1
+/// pillars on scan0 have 1.3 MB of points in 11.4 MB of rows, and the writes set the select
+/// kernel's time (BENCHMARKS.md 2026-12-07). `u32::MAX`: not known, the whole row is written.
+struct RowFill {
+    slots: DevBuf<u32>,
+    /// The output buffer (address, allocations) and row length that `slots` describes.
+    describes: Option<(u64, u64, usize)>,
+}
+
+impl RowFill {
+    fn new(stream: &Arc<CudaStream>, pools: bool) -> Self {
+        Self { slots: DevBuf::new(stream, pools), describes: None }
+    }
+
+    /// The counts of `rows` rows of `row_len` floats in `out`, set to "not known" unless they
+    /// already describe that allocation with that row length.
+    fn ensure(&mut self, out: &DevBuf<f32>, row_len: usize, rows: usize) -> Result<u64, GpuError> {
+        let growths = self.slots.growths();
+        let ptr = self.slots.ensure(rows)?;
+        let key = (out.ptr(), out.growths(), row_len);
+        if self.describes != Some(key) || self.slots.growths() != growths {
+            self.slots.fill_all(u32::MAX)?;
+            self.describes = Some(key);
+        }
+        Ok(ptr)
+    }
+
+    /// Another kernel wrote the output buffer: the counts no longer hold.
+    fn forget(&mut self) {
+        self.describes = None;
+    }
+}
+
 /// The voxel kernels with their grow-only device scratch and output buffers (one per stream user).
 pub struct GpuVoxelizer {
     stream: Arc<CudaStream>,
@@ -248,6 +283,9 @@ pub struct GpuVoxelizer {
     pub features: DevBuf<f32>,
     /// `[V, P, 9 or 10]` pillar features.
     pub pillar: DevBuf<f32>,
+    /// The filled slots of the rows of `features` and of `pillar` (select path).
+    features_fill: RowFill,
+    pillar_fill: RowFill,
     /// Dynamic: `[N]` voxel of each point; `[N, 3]` coordinates.
     pub point_voxel: DevBuf<i32>,
     pub point_coords: DevBuf<i32>,
@@ -317,6 +355,8 @@ impl GpuVoxelizer {
             num_points: DevBuf::new(s, pools),
             features: DevBuf::new(s, pools),
             pillar: DevBuf::new(s, pools),
+            features_fill: RowFill::new(s, pools),
+            pillar_fill: RowFill::new(s, pools),
             point_voxel: DevBuf::new(s, pools),
             point_coords: DevBuf::new(s, pools),
             last: LastOp::None,
@@ -596,14 +636,20 @@ impl GpuVoxelizer {
         let block = ctx.profile.block_size.voxel;
         if select {
             let (segp, segl) = (self.seg_points.ptr(), self.seg_len.ptr());
+            let feats_fill =
+                if raw { self.features_fill.ensure(&self.features, pp * p.num_ch as usize, km)? } else { 0 };
+            let pil_fill = if pc > 0 { self.pillar_fill.ensure(&self.pillar, pp * pc, km)? } else { 0 };
             let mut l = EarlyLaunch::new();
             l.arg(&cloud_ptr).arg(&segp).arg(&seg).arg(&segl).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil);
-            l.arg(&p);
+            l.arg(&feats_fill).arg(&pil_fill).arg(&p);
             // One warp per voxel. SAFETY: matches vox_hard_select; segments of the kept voxels
-            // (< key_max) written by the rank kernel; outputs sized for key_max voxels. The kernel
+            // (< key_max) written by the rank kernel; outputs and their fill counts sized for
+            // key_max voxels (a null count goes with a cleared flag). The kernel
             // calls lk_wait_prior_grid first.
             unsafe { l.launch(ctx, s, &self.f_select, cfg(Self::fill_blocks(ctx, km * 32), block)) }?;
         } else {
+            self.features_fill.forget();
+            self.pillar_fill.forget();
             let vals = self.vals[self.sorted_slot].ptr();
             let mut l = s.launch_builder(&self.f_fill);
             l.arg(&cloud_ptr).arg(&vals).arg(&seg).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil).arg(&p);
@@ -632,6 +678,7 @@ impl GpuVoxelizer {
         self.last = LastOp::Hard { max_points, num_channels, pillar_channels: oc, max_voxels };
         let km = p.key_max as usize;
         let pil = self.pillar.ensure((km * max_points * oc).max(1))?;
+        self.pillar_fill.forget();
         if p.n == 0 {
             return Ok(());
         }
@@ -661,6 +708,7 @@ impl GpuVoxelizer {
         let c = p.num_ch as usize;
         let np = self.num_points.ensure(km.max(1))?;
         let means = self.features.ensure((km * c).max(1))?;
+        self.features_fill.forget();
         if cloud.len == 0 {
             return Ok(());
         }
