@@ -753,13 +753,22 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
         const bool has = lane < np;
         if (p.flags & FLAG_RAW) {
             const unsigned int C = p.num_ch, slots = min(P, max(np, raw_filled)), total = slots * C;
-            if (lane < slots)
-                for (unsigned int k = 0; k < C; ++k) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
-            __syncwarp();
             float* blk = features + (unsigned long long)v * P * C;
-            for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];
+            if (C == 4u) {
+                // x, y, z, intensity: a slot's row is one 16-byte store and the warp's stores are
+                // contiguous, so the row needs no staging (rows start 16-byte aligned: P * 16 bytes).
+                if (lane < slots)
+                    reinterpret_cast<float4*>(blk)[lane] = has ? make_float4(col(cloud, p, 0)[best], col(cloud, p, 1)[best],
+                                                                             col(cloud, p, 2)[best], col(cloud, p, 3)[best])
+                                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            } else {
+                if (lane < slots)
+                    for (unsigned int k = 0; k < C; ++k) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
+                __syncwarp();
+                for (unsigned int e = lane; e < total; e += 32u) blk[e] = buf[e];
+                __syncwarp();
+            }
             if (lane == 0u) features_fill[v] = np;
-            __syncwarp();
         }
         if (p.flags & FLAG_PILLAR) {
             const float x = has ? col(cloud, p, 0)[best] : 0.0f;
