@@ -5,7 +5,8 @@
 // the lowest index.
 //
 // Layout: one launch handles B clouds stored back to back (ragged, `offsets[b] .. offsets[b+1]`),
-// G blocks per cloud ("cloud group"). Block g of a cloud owns a contiguous chunk of its points.
+// G blocks per cloud ("cloud group"). Block g of a cloud owns a contiguous chunk of its points
+// (the cluster path below deals warp chunks over its blocks instead).
 //  - register path (fps_reg_PPT): each thread keeps PPT consecutive points (x, y, z, min_dist) in
 //    registers, so that a warp's points are near each other in a scan-ordered cloud (see FpsBox);
 //  - memory path (fps_mem): the chunk is re-read from global memory every iteration (L2-resident)
@@ -335,10 +336,9 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_
 // time is mostly the latency of its reductions and exchange, which grows with the warps per block,
 // so these kernels use small blocks (256 or 512 threads) with up to 16 points per thread; the
 // host's cost model (src/ops/fps/cuda.rs) picks the block size, PPT and G. Block r (cluster
-// rank r) owns points r * CHUNK .. (r + 1) * CHUNK of its cloud, CHUNK = BLOCK * PPT; thread t
-// keeps points r * CHUNK + t * PPT + s, s < PPT (contiguous, so position order = index order) in
-// registers, and the block keeps a float4 copy of its chunk in dynamic shared memory (the winner's
-// coordinates). Per iteration:
+// rank r) holds BLOCK * PPT points in registers, PPT consecutive points per thread in warp chunks
+// dealt over the blocks (fps_dealt_first), and a float4 copy of them in dynamic shared memory (the
+// winner's coordinates). Per iteration:
 //  1. min-distance update, which warps far from the sample skip where PPT >= 12 (FpsBox)
 //     (fminf(d, m) = `d < m ? d : m`: m is never NaN, fminf(NaN, m) = m;
 //     selected / absent points hold -1, which every d >= 0 keeps) and per-thread arg-max (strict >:
@@ -352,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(FPS_BLOCK) fps_mem(FPS_ARGS) { fps_
 //     q's mbarrier of this step's parity;
 //  4. each block waits on its own mbarrier for the G slot writes into its shared memory (no
 //     cluster barrier, no fence per iteration);
-//  5. every warp reduces the G slots of its own block (ties to the lowest rank = lowest index) and
+//  5. every warp reduces the G slots of its own block (ties to the lowest index) and
 //     takes the winner: the next selected point; its owner thread sets its min distance to -1.
 // Slots and mbarriers are double-buffered by step parity: a block writes the slots of step s + 2
 // only after its own wait of step s + 1, which needs every block's writes of step s + 1, which
@@ -410,16 +410,27 @@ __device__ __forceinline__ void mbar_wait(u64* bar, unsigned int parity) {
                  : "memory");
 }
 
+// The first of the PPT consecutive points that thread (warp, lane) of cluster block g holds.
+// Warps take chunks of 32 * PPT points dealt round-robin over the G blocks: warp w of block g
+// holds chunk w * G + g. In a scan-ordered cloud the warps that a new sample makes update (the
+// others skip, FpsBox) hold neighbouring chunks; dealt out, they run on different SMs instead of
+// queueing on one block's schedulers. W2a: 4.02 -> 3.68 ms on an H100 (BENCHMARKS.md 2026-12-07).
+// The grid path keeps contiguous blocks: dealt, W2c took 2 % longer (31.25 -> 31.87 ms).
+template <int PPT>
+__device__ __forceinline__ unsigned int fps_dealt_first(unsigned int g, unsigned int G, unsigned int warp,
+                                                        unsigned int lane) {
+    return ((warp * G + g) * 32u + lane) * (unsigned int)PPT;
+}
+
 template <int BLOCK, int PPT>
 __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, const unsigned int* __restrict__ offsets,
                                                  int* __restrict__ out, const FpsKernelParams& p) {
-    constexpr unsigned int CHUNK = (unsigned int)(BLOCK * PPT);
     constexpr unsigned int WARPS = (unsigned int)(BLOCK / 32);
     // The box test adds its latency to every step: it paid on W2a (14 points per thread, 4.26 ->
     // 4.02 ms on an H100) and cost on W2b when every PPT skipped (8 points, 0.655 -> 0.698 ms),
     // BENCHMARKS.md 2026-12-06 (later).
     constexpr bool SKIP = PPT >= 12;
-    extern __shared__ float4 s_pts[]; // CHUNK entries
+    extern __shared__ float4 s_pts[]; // BLOCK * PPT entries, warp w's chunk at w * 32 * PPT
     __shared__ int s_wv[2][WARPS];
     __shared__ unsigned int s_wi[2][WARPS];
     __shared__ __align__(8) u64 s_mbar[2];
@@ -447,8 +458,8 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
     const float* X = xyz + off;
     const float* Y = xyz + p.stride + off;
     const float* Z = xyz + 2ull * p.stride + off;
-    const unsigned int c0 = rank * CHUNK;
-    const unsigned int t0 = c0 + tid * (unsigned int)PPT; // index of this thread's slot 0
+    constexpr unsigned int WCHUNK = 32u * (unsigned int)PPT; // points of one warp
+    const unsigned int t0 = fps_dealt_first<PPT>(rank, G, warp, lane); // index of this thread's slot 0
 
     float px[PPT], py[PPT], pz[PPT], pm[PPT];
     FpsBox box = fps_box_empty();
@@ -472,15 +483,9 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
 
     unsigned int last = p.start;
     float sx = X[last], sy = Y[last], sz = Z[last];
-    {
-        const unsigned int rel = last - c0;
-        if (rel < CHUNK && rel / (unsigned int)PPT == tid) {
-            const unsigned int ss = rel % (unsigned int)PPT;
 #pragma unroll
-            for (int s = 0; s < PPT; ++s)
-                if ((unsigned int)s == ss) pm[s] = -1.0f;
-        }
-    }
+    for (int s = 0; s < PPT; ++s)
+        if ((unsigned int)s == last - t0) pm[s] = -1.0f;
     if (tid == 0) {
         mbar_init(&s_mbar[0], 1u);
         mbar_init(&s_mbar[1], 1u);
@@ -527,8 +532,10 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
             const int v2 = lane < WARPS ? s_wv[buf][lane] : (int)0x80000000;
             const int bv = __reduce_max_sync(0xffffffffu, v2);
             const unsigned int bt = __ballot_sync(0xffffffffu, v2 == bv);
-            const unsigned int bi = s_wi[buf][__ffs(bt) - 1];
-            const float4 c = s_pts[bi - c0];
+            const unsigned int bw = (unsigned int)(__ffs(bt) - 1);
+            const unsigned int bi = s_wi[buf][bw];
+            const float4 c = s_pts[bi - (bw * G + rank) * WCHUNK + bw * WCHUNK]; // bi's place in warp bw's chunk
+
             if (lane < G) {
                 const unsigned int mb = cl_map(&s_mbar[buf], lane);
                 cl_st_async_v4(cl_map(&s_slot[buf][rank], lane), bv, (int)bi, __float_as_int(c.x), __float_as_int(c.y), mb);
@@ -537,24 +544,21 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
         }
         mbar_wait(&s_mbar[buf], (phase >> buf) & 1u);
         phase ^= 1u << buf;
-        // Cluster arg-max over the G slots: value, then lowest rank.
-        const int v3 = lane < G ? s_slot[buf][lane].x : (int)0x80000000;
-        const int gv = __reduce_max_sync(0xffffffffu, v3);
-        const unsigned int gt = __ballot_sync(0xffffffffu, v3 == gv);
-        const unsigned int wr = (unsigned int)(__ffs(gt) - 1);
+        // Cluster arg-max over the G slots: value, then lowest index (dealt chunks: rank order is
+        // not index order).
+        const int2 e3 = lane < G ? make_int2(s_slot[buf][lane].x, s_slot[buf][lane].y) : make_int2((int)0x80000000, -1);
+        const int gv = __reduce_max_sync(0xffffffffu, e3.x);
+        const unsigned int gi = __reduce_min_sync(0xffffffffu, e3.x == gv ? (unsigned int)e3.y : 0xffffffffu);
+        const unsigned int wr = (unsigned int)(__ffs(__ballot_sync(0xffffffffu, e3.x == gv && (unsigned int)e3.y == gi)) - 1);
         const int4 sl = s_slot[buf][wr];
         last = (unsigned int)sl.y;
         sx = __int_as_float(sl.z);
         sy = __int_as_float(sl.w);
         sz = s_slot_z[buf][wr];
         if (rank == 0 && tid == 0) row[step] = (int)last;
-        const unsigned int rel = last - c0;
-        if (rel < CHUNK && rel / (unsigned int)PPT == tid) {
-            const unsigned int ss = rel % (unsigned int)PPT;
 #pragma unroll
-            for (int s = 0; s < PPT; ++s)
-                if ((unsigned int)s == ss) pm[s] = -1.0f;
-        }
+        for (int s = 0; s < PPT; ++s)
+            if ((unsigned int)s == last - t0) pm[s] = -1.0f;
     }
     cl_sync(); // no block exits while cluster shared-memory traffic may be in flight (once)
 }
