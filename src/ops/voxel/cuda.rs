@@ -241,10 +241,6 @@ pub struct GpuVoxelizer {
     f_sort: CudaFunction,
     f_fill: CudaFunction,
     f_select: CudaFunction,
-    /// Blocks of vox_hard_select resident at once on the device: its grid, so that every warp
-    /// reads the voxel count once and loops over voxels instead of waves of blocks each paying
-    /// that read's latency first.
-    select_blocks: usize,
     f_means: CudaFunction,
     f_pillar: CudaFunction,
     f_half: CudaFunction,
@@ -323,17 +319,13 @@ impl GpuVoxelizer {
         let f = |n: &str| ctx.function("voxel", n);
         let mut counters: DevBuf<u32> = DevBuf::new(s, pools);
         counters.ensure(CTR_TOTAL)?;
-        let f_select = f("vox_hard_select")?;
-        let per_sm = f_select.occupancy_max_active_blocks_per_multiprocessor(ctx.profile.block_size.voxel, 0, None)?;
-        let select_blocks = (per_sm.max(1) as usize) * ctx.sm_count.max(1) as usize;
         Ok(Self {
             stream: stream.clone(),
             f_insert: f("vox_insert")?,
             f_rank: f("vox_rank_keys")?,
             f_sort: f("vox_sort_pass")?,
             f_fill: f("vox_hard_fill")?,
-            f_select,
-            select_blocks,
+            f_select: f("vox_hard_select")?,
             f_means: f("vox_dyn_means")?,
             f_pillar: f("vox_pillar")?,
             f_half: f("vox_to_half")?,
@@ -654,9 +646,7 @@ impl GpuVoxelizer {
             // (< key_max) written by the rank kernel; outputs and their fill counts sized for
             // key_max voxels (a null count goes with a cleared flag). The kernel
             // calls lk_wait_prior_grid first.
-            unsafe {
-                l.launch(ctx, s, &self.f_select, cfg(Self::fill_blocks(ctx, km * 32).min(self.select_blocks), block))
-            }?;
+            unsafe { l.launch(ctx, s, &self.f_select, cfg(Self::fill_blocks(ctx, km * 32), block)) }?;
         } else {
             self.features_fill.forget();
             self.pillar_fill.forget();
