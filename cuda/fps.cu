@@ -414,8 +414,8 @@ __device__ __forceinline__ void mbar_wait(u64* bar, unsigned int parity) {
 // Warps take chunks of 32 * PPT points dealt round-robin over the G blocks: warp w of block g
 // holds chunk w * G + g. In a scan-ordered cloud the warps that a new sample makes update (the
 // others skip, FpsBox) hold neighbouring chunks; dealt out, they run on different SMs instead of
-// queueing on one block's schedulers. W2a: 4.02 -> 3.68 ms on an H100 (BENCHMARKS.md 2026-12-07).
-// The grid path keeps contiguous blocks: dealt, W2c took 2 % longer (31.25 -> 31.87 ms).
+// queueing on one block's schedulers. W2a: 4.02 -> 3.68 ms on an H100 (BENCHMARKS.md 2026-12-06,
+// late). The grid path keeps contiguous blocks: dealt, W2c took 2 % longer (31.25 -> 31.87 ms).
 template <int PPT>
 __device__ __forceinline__ unsigned int fps_dealt_first(unsigned int g, unsigned int G, unsigned int warp,
                                                         unsigned int lane) {

@@ -202,7 +202,7 @@ pub enum LastOp {
 /// slots past a voxel's points are zero padding and the rows stay in their buffer between calls, so
 /// the select kernel writes a row's points and only the padding slots an earlier call filled: W1
 /// pillars on scan0 have 1.3 MB of points in 11.4 MB of rows, and the writes set the select
-/// kernel's time (BENCHMARKS.md 2026-12-07). `u32::MAX`: not known, the whole row is written.
+/// kernel's time (BENCHMARKS.md 2026-12-06, late). `u32::MAX`: not known, the whole row is written.
 struct RowFill {
     slots: DevBuf<u32>,
     /// The output buffer (address, allocations) and row length that `slots` describes.
