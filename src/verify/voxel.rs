@@ -425,52 +425,71 @@ pub fn check_with(ctx: &GpuContext, seed: u64, ouster_dir: &Path, quick: bool) -
     Ok(rows)
 }
 
-/// Hard voxels of one cloud after another on one voxelizer, with nothing in between that resets
-/// the rows' fill counts (the select kernel rewrites only the padding slots an earlier cloud
-/// filled): each result against the CPU reference, in case order and back, so that rows with many
-/// points are followed by rows with few. Clouds above 200k points are left out (their reference
-/// runs already above).
+/// Hard voxels of one cloud after another on one voxelizer (the select kernel rewrites only the
+/// padding slots an earlier call filled, by per-row fill counts): each result against the CPU
+/// reference. Per row shape, the clouds in case order and back with nothing in between, so that
+/// rows with many points are followed by rows with few; then the clouds again with the shapes in
+/// turn, among them shapes with equal row lengths (P = 3 x C = 4 and P = 4 x C = 3 raw floats, P = 9
+/// x 10 and P = 10 x 9 pillar floats), which must not share counts. Clouds above 200k points are
+/// left out (their reference runs already above).
 fn check_rows_reused(ctx: &GpuContext, cases: &[(String, Cloud, Vec<usize>)]) -> Result<Vec<CheckRow>, VerifyError> {
     use crate::ops::voxel as cpu;
-    let chans = [3usize];
+    let capped = |max_points_per_voxel: u32| HardVoxelParams { max_points_per_voxel, max_voxels: 1000, ..w1_pillars() };
+    // (name, params, extra channels, pillar features): C = 4 rows go out unstaged, C = 3 staged.
+    let shapes: [(&str, HardVoxelParams, &[usize], Option<bool>); 5] = [
+        ("pillars, C 4, 10-ch", w1_pillars(), &[3], Some(true)),
+        ("P 3, C 4, 10-ch", capped(3), &[3], Some(true)),
+        ("P 4, C 3", capped(4), &[], None),
+        ("P 9, C 4, 10-ch", capped(9), &[3], Some(true)),
+        ("P 10, C 4, 9-ch", capped(10), &[3], Some(false)),
+    ];
     let small: Vec<_> = cases.iter().filter(|(_, c, _)| c.len() <= 200_000).collect();
-    let order: Vec<_> = small.iter().chain(small.iter().rev()).collect();
+    let there_and_back: Vec<_> = small.iter().chain(small.iter().rev()).collect();
     let mut rows = Vec::new();
-    for (cfg_name, params) in [
-        ("pillars", w1_pillars()),
-        ("small caps", HardVoxelParams { max_points_per_voxel: 3, max_voxels: 1000, ..w1_pillars() }),
-    ] {
+    let mut run = |label: String, calls: Vec<(&Cloud, usize)>| -> Result<(), VerifyError> {
         let mut vox = GpuVoxelizer::new(ctx)?;
-        let (mut same, mut calls, mut values) = (true, 0usize, 0usize);
+        let (mut same, mut values, mut points) = (true, 0usize, 0usize);
         let mut first_diff = None;
-        for (case, cloud, _) in &order {
+        for (k, (cloud, shape)) in calls.iter().enumerate() {
+            let (name, params, chans, pillar) = &shapes[*shape];
             let (dev, host) = upload(ctx, cloud)?;
-            let exp = cpu::voxelize_hard(&project(&host, &chans), &params)?;
-            let pexp = cpu::pillar_features(&exp, &params.grid, true)?;
-            vox.hard_device(ctx, &dev, &chans, &params, true, Some(true))?;
+            let exp = cpu::voxelize_hard(&project(&host, chans), params)?;
+            vox.hard_device(ctx, &dev, chans, params, true, *pillar)?;
             let (g, pf) = vox.hard_to_host(ctx)?;
-            let pf = pf.expect("pillar features were asked for");
-            let ok =
-                hard_same(&g, &exp) && bits_eq(&g.features, &exp.features) && bits_eq(&pf.features, &pexp.features);
+            let mut ok = hard_same(&g, &exp) && bits_eq(&g.features, &exp.features);
+            values += g.features.len();
+            if let Some(with_range) = pillar {
+                let pexp = cpu::pillar_features(&exp, &params.grid, *with_range)?;
+                let pf = pf.expect("pillar features were asked for");
+                ok &= bits_eq(&pf.features, &pexp.features);
+                values += pf.features.len();
+            }
             if !ok && first_diff.is_none() {
-                first_diff = Some(format!("first difference after {calls} calls: {case}"));
+                first_diff = Some(format!("first difference at call {k} ({name}, {} points)", cloud.len()));
             }
             same &= ok;
-            calls += 1;
-            values += g.features.len() + pf.features.len();
+            points += cloud.len();
         }
         rows.push(CheckRow {
-            operator: "voxelize_hard + pillar_features, rows reused".into(),
-            case: format!("{} clouds there and back / {cfg_name}", small.len()),
-            points: small.iter().map(|(_, c, _)| c.len()).sum(),
+            operator: "voxelize_hard, rows reused".into(),
+            case: label,
+            points,
             integers_identical: same,
             max_rel_err: 0.0,
             float_tolerance: 0.0,
             deterministic: same,
-            detail: first_diff
-                .unwrap_or_else(|| format!("{calls} calls on one voxelizer, {values} feature values bit-identical")),
+            detail: first_diff.unwrap_or_else(|| {
+                format!("{} calls on one voxelizer, {values} feature values bit-identical", calls.len())
+            }),
         });
+        Ok(())
+    };
+    for (shape, (name, ..)) in shapes.iter().enumerate() {
+        let calls = there_and_back.iter().map(|(_, c, _)| (c, shape)).collect();
+        run(format!("{} clouds there and back / {name}", small.len()), calls)?;
     }
+    let calls = small.iter().flat_map(|(_, c, _)| (0..shapes.len()).map(move |shape| (c, shape))).collect();
+    run(format!("{} clouds, the {} row shapes in turn", small.len(), shapes.len()), calls)?;
     Ok(rows)
 }
 
@@ -562,15 +581,16 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
         let (dev, _) = upload(ctx, &cloud)?;
         let n = dev.len;
         let ch = [3usize];
-        // The same points turned half a turn about z: other pillars, in another order. Alternating
-        // the two, every call rewrites rows an unlike cloud filled, as consecutive scans of a
-        // stream do (the select kernel's writes depend on the previous call's rows).
-        let turned = {
+        // The same points in reverse order: voxels are numbered by their first point, so row v
+        // holds another voxel with another point count. Alternating the two, every call rewrites
+        // rows an unlike cloud filled, as consecutive scans of a stream do (the select kernel's
+        // writes depend on the previous call's rows).
+        let reversed = {
+            let rev = |v: &[f32]| v.iter().rev().copied().collect::<Vec<f32>>();
             let cols = cloud.columns();
-            let neg = |v: &[f32]| v.iter().map(|x| -x).collect::<Vec<f32>>();
-            Cloud::from_xyz(neg(&cols[0]), neg(&cols[1]), cols[2].clone()).with_channel("intensity", cols[3].clone())
+            Cloud::from_xyz(rev(&cols[0]), rev(&cols[1]), rev(&cols[2])).with_channel("intensity", rev(&cols[3]))
         };
-        let (dev_turned, _) = upload(ctx, &turned)?;
+        let (dev_reversed, _) = upload(ctx, &reversed)?;
         for (cfg_name, params, target, peer) in
             [("pillars", w1_pillars(), Some(target_p), Some(peer_p)), ("voxels", w1_voxels(), None, Some(peer_v))]
         {
@@ -594,11 +614,11 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
                     let mut k = 0usize;
                     let (ms, _) = median_ms(&mut timer, RUNS, || {
                         k += 1;
-                        vox.hard_device(ctx, if k % 2 == 0 { &dev } else { &dev_turned }, &ch, &params, true, pillar)
+                        vox.hard_device(ctx, if k % 2 == 0 { &dev } else { &dev_reversed }, &ch, &params, true, pillar)
                     })?;
                     rows.push(BenchRow {
                         operator: format!(
-                            "voxelize_hard{}, alternating with the cloud turned",
+                            "voxelize_hard{}, alternating with the cloud reversed",
                             if pillar.is_some() { " + pillar_features (fused)" } else { "" }
                         ),
                         workload: format!("W1 {cfg_name} {wl}"),

@@ -369,7 +369,7 @@ fn max_active_clusters(
     }
 }
 
-/// Dynamic shared memory of a cluster kernel: a float4 per point of the block's chunk.
+/// Dynamic shared memory of a cluster kernel: a float4 per point the block holds.
 fn cluster_smem(shape: ClusterShape) -> usize {
     shape.block * shape.ppt * 16
 }

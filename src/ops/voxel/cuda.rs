@@ -205,8 +205,9 @@ pub enum LastOp {
 /// kernel's time (BENCHMARKS.md 2026-12-06, late). `u32::MAX`: not known, the whole row is written.
 struct RowFill {
     slots: DevBuf<u32>,
-    /// The output buffer (address, allocations) and row length that `slots` describes.
-    describes: Option<(u64, u64, usize)>,
+    /// The output buffer (address, allocations) and row shape (slots, floats per slot) that
+    /// `slots` describes.
+    describes: Option<(u64, u64, usize, usize)>,
 }
 
 impl RowFill {
@@ -214,16 +215,18 @@ impl RowFill {
         Self { slots: DevBuf::new(stream, pools), describes: None }
     }
 
-    /// The counts of `rows` rows of `row_len` floats in `out`, set to "not known" unless they
-    /// already describe that allocation with that row length.
-    fn ensure(&mut self, out: &DevBuf<f32>, row_len: usize, rows: usize) -> Result<u64, GpuError> {
+    /// The counts of `rows` rows of `slots` slots of `width` floats in `out`, set to "not known"
+    /// unless they already describe that allocation with that row shape (a count is in slots, so
+    /// the same row length in another shape does not do).
+    fn ensure(&mut self, out: &DevBuf<f32>, slots: usize, width: usize, rows: usize) -> Result<u64, GpuError> {
+        let key = (out.ptr(), out.growths(), slots, width);
+        let described = self.describes.take();
         let growths = self.slots.growths();
         let ptr = self.slots.ensure(rows)?;
-        let key = (out.ptr(), out.growths(), row_len);
-        if self.describes != Some(key) || self.slots.growths() != growths {
+        if described != Some(key) || self.slots.growths() != growths {
             self.slots.fill_all(u32::MAX)?;
-            self.describes = Some(key);
         }
+        self.describes = Some(key);
         Ok(ptr)
     }
 
@@ -279,9 +282,10 @@ pub struct GpuVoxelizer {
     pub coords: DevBuf<i32>,
     /// `[V]` points per voxel.
     pub num_points: DevBuf<u32>,
-    /// Hard: `[V, P, C]` features; dynamic: `[V, C]` means.
+    /// Hard: `[V, P, C]` features; dynamic: `[V, C]` means. Written only by this voxelizer's
+    /// kernels: the select kernel trusts `features_fill` for the rows' padding.
     pub features: DevBuf<f32>,
-    /// `[V, P, 9 or 10]` pillar features.
+    /// `[V, P, 9 or 10]` pillar features (written only here, likewise).
     pub pillar: DevBuf<f32>,
     /// The filled slots of the rows of `features` and of `pillar` (select path).
     features_fill: RowFill,
@@ -637,8 +641,8 @@ impl GpuVoxelizer {
         if select {
             let (segp, segl) = (self.seg_points.ptr(), self.seg_len.ptr());
             let feats_fill =
-                if raw { self.features_fill.ensure(&self.features, pp * p.num_ch as usize, km)? } else { 0 };
-            let pil_fill = if pc > 0 { self.pillar_fill.ensure(&self.pillar, pp * pc, km)? } else { 0 };
+                if raw { self.features_fill.ensure(&self.features, pp, p.num_ch as usize, km)? } else { 0 };
+            let pil_fill = if pc > 0 { self.pillar_fill.ensure(&self.pillar, pp, pc, km)? } else { 0 };
             let mut l = EarlyLaunch::new();
             l.arg(&cloud_ptr).arg(&segp).arg(&seg).arg(&segl).arg(&coords).arg(&ctr).arg(&np).arg(&feats).arg(&pil);
             l.arg(&feats_fill).arg(&pil_fill).arg(&p);
