@@ -534,7 +534,8 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
             const unsigned int bt = __ballot_sync(0xffffffffu, v2 == bv);
             const unsigned int bw = (unsigned int)(__ffs(bt) - 1);
             const unsigned int bi = s_wi[buf][bw];
-            const float4 c = s_pts[bi - (bw * G + rank) * WCHUNK + bw * WCHUNK]; // bi's place in warp bw's chunk
+            // bi's place in warp bw's chunk of s_pts.
+            const float4 c = s_pts[bi - (bw * G + rank) * WCHUNK + bw * WCHUNK];
 
             if (lane < G) {
                 const unsigned int mb = cl_map(&s_mbar[buf], lane);
@@ -549,7 +550,8 @@ __device__ __forceinline__ void fps_cluster_body(const float* __restrict__ xyz, 
         const int2 e3 = lane < G ? make_int2(s_slot[buf][lane].x, s_slot[buf][lane].y) : make_int2((int)0x80000000, -1);
         const int gv = __reduce_max_sync(0xffffffffu, e3.x);
         const unsigned int gi = __reduce_min_sync(0xffffffffu, e3.x == gv ? (unsigned int)e3.y : 0xffffffffu);
-        const unsigned int wr = (unsigned int)(__ffs(__ballot_sync(0xffffffffu, e3.x == gv && (unsigned int)e3.y == gi)) - 1);
+        const unsigned int wr =
+            (unsigned int)(__ffs(__ballot_sync(0xffffffffu, e3.x == gv && (unsigned int)e3.y == gi)) - 1);
         const int4 sl = s_slot[buf][wr];
         last = (unsigned int)sl.y;
         sx = __int_as_float(sl.z);

@@ -747,8 +747,10 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
             num_points[v] = np;
             pcap += cnt - np;
         }
-        // Lane s builds slot s's row in the warp's shared buffer (its loads all in flight at once),
-        // then the warp copies the voxel's [P, C] (and [P, oc]) block out at consecutive addresses.
+        // Rows are written up to `slots`: the voxel's points, then the padding slots an earlier call
+        // filled. Lane s builds slot s's row in the warp's shared buffer (its loads all in flight at
+        // once), then the warp copies those slots out at consecutive addresses; C == 4 rows go out
+        // unstaged.
         float* buf = s_rows[warp];
         const bool has = lane < np;
         if (p.flags & FLAG_RAW) {
@@ -758,9 +760,10 @@ vox_hard_select(const float* __restrict__ cloud, const unsigned int* __restrict_
                 // x, y, z, intensity: a slot's row is one 16-byte store and the warp's stores are
                 // contiguous, so the row needs no staging (rows start 16-byte aligned: P * 16 bytes).
                 if (lane < slots)
-                    reinterpret_cast<float4*>(blk)[lane] = has ? make_float4(col(cloud, p, 0)[best], col(cloud, p, 1)[best],
-                                                                             col(cloud, p, 2)[best], col(cloud, p, 3)[best])
-                                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    reinterpret_cast<float4*>(blk)[lane] =
+                        has ? make_float4(col(cloud, p, 0)[best], col(cloud, p, 1)[best], col(cloud, p, 2)[best],
+                                          col(cloud, p, 3)[best])
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             } else {
                 if (lane < slots)
                     for (unsigned int k = 0; k < C; ++k) buf[lane * C + k] = has ? col(cloud, p, k)[best] : 0.0f;
