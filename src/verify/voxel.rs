@@ -610,11 +610,28 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
                 note: format!("V={} kept={} host {host_us:.1} us; {stages}", h.voxel_count(), h.kept_points()),
             });
             if cfg_name == "pillars" {
-                for pillar in [None, Some(false)] {
-                    let mut k = 0usize;
+                let (ms, host_us) =
+                    median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
+                let (h, pf) = vox.hard_to_host(ctx)?;
+                let pf = pf.unwrap();
+                let stages = hard_stages(ctx, &mut vox, &mut timer, &dev, &params, Some(false), RUNS)?;
+                let pillar_bytes = pf.features.len() as u64 * 4;
+                rows.push(BenchRow {
+                    operator: "voxelize_hard + pillar_features (fused)".into(),
+                    workload: format!("W1 {cfg_name} {wl}"),
+                    points: n,
+                    median_ms: ms,
+                    runs: RUNS,
+                    min_bytes: bytes + pillar_bytes,
+                    target_ms: Some(target_f),
+                    peer_ms: Some(peer_f),
+                    note: format!("V={} raw + 9-channel features host {host_us:.1} us; {stages}", h.voxel_count()),
+                });
+                for (pillar, extra_bytes) in [(None, 0), (Some(false), pillar_bytes)] {
+                    let mut on_reversed = false;
                     let (ms, _) = median_ms(&mut timer, RUNS, || {
-                        k += 1;
-                        vox.hard_device(ctx, if k % 2 == 0 { &dev } else { &dev_reversed }, &ch, &params, true, pillar)
+                        on_reversed = !on_reversed;
+                        vox.hard_device(ctx, if on_reversed { &dev_reversed } else { &dev }, &ch, &params, true, pillar)
                     })?;
                     rows.push(BenchRow {
                         operator: format!(
@@ -625,30 +642,13 @@ pub fn bench(ctx: &GpuContext, workloads: &Path) -> Result<Vec<BenchRow>, Verify
                         points: n,
                         median_ms: ms,
                         runs: RUNS,
-                        // As the rows below count them: the whole [V, P, C] outputs.
-                        min_bytes: bytes
-                            + if pillar.is_some() { (h.voxel_count() * h.max_points * 9 * 4) as u64 } else { 0 },
+                        // As the rows above count them: the whole [V, P, C] outputs.
+                        min_bytes: bytes + extra_bytes,
                         target_ms: None,
                         peer_ms: None,
                         note: "every call follows one on the other cloud".into(),
                     });
                 }
-                let (ms, host_us) =
-                    median_ms(&mut timer, RUNS, || vox.hard_device(ctx, &dev, &ch, &params, true, Some(false)))?;
-                let (h, pf) = vox.hard_to_host(ctx)?;
-                let pf = pf.unwrap();
-                let stages = hard_stages(ctx, &mut vox, &mut timer, &dev, &params, Some(false), RUNS)?;
-                rows.push(BenchRow {
-                    operator: "voxelize_hard + pillar_features (fused)".into(),
-                    workload: format!("W1 {cfg_name} {wl}"),
-                    points: n,
-                    median_ms: ms,
-                    runs: RUNS,
-                    min_bytes: bytes + pf.features.len() as u64 * 4,
-                    target_ms: Some(target_f),
-                    peer_ms: Some(peer_f),
-                    note: format!("V={} raw + 9-channel features host {host_us:.1} us; {stages}", h.voxel_count()),
-                });
             }
             let (ms, host_us) = median_ms(&mut timer, RUNS, || vox.dynamic_device(ctx, &dev, &ch, &params.grid))?;
             let d = vox.dynamic_to_host(ctx)?;
