@@ -1,6 +1,6 @@
 mod common;
 
-use lidar_kernels::cloud::{Cloud, CloudError, Datatype, Header, PointCloud2, PointField, PointLayout};
+use lidar_kernels::cloud::{write_field, Cloud, CloudError, Datatype, Header, PointCloud2, PointField, PointLayout};
 use proptest::prelude::*;
 use std::borrow::Cow;
 
@@ -200,6 +200,23 @@ proptest! {
         let (bytes, _, _) = build(&c);
         let at = ((bytes.len() - 1) as f64 * cut) as usize;
         prop_assert!(Cloud::from_cdr(&bytes[..at]).is_err());
+    }
+
+    /// Integer fields take the value rounded half away from zero, as `f64::round` then a
+    /// saturating cast: over any bits (NaN, infinities, huge values) and near every half.
+    #[test]
+    fn integer_fields_round_half_away(bits in any::<u64>(), k in -70_000i64..70_000, nudge in -2i32..=2, be in any::<bool>()) {
+        let half = k as f64 + 0.5;
+        let near_half = f64::from_bits((half.to_bits() as i64 + nudge as i64) as u64);
+        for v in [f64::from_bits(bits), near_half, k as f64, -0.49999999999999994, 0.49999999999999994] {
+            for dt in 1..=6u8 {
+                let datatype = Datatype::from_u8(dt).unwrap();
+                let (mut ours, mut expected) = ([0u8; 8], [0u8; 8]);
+                write_field(&mut ours, datatype, 0, v, be);
+                store(&mut expected, dt, v.round(), be);
+                prop_assert_eq!(ours, expected, "{} as datatype {}", v, dt);
+            }
+        }
     }
 
     /// Arbitrary bytes never panic the decoder.

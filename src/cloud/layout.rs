@@ -134,15 +134,36 @@ macro_rules! put {
     }};
 }
 
+/// `v` rounded half away from zero: `f64::round` up to the sign of a zero result, which no integer
+/// field keeps. Inline because `f64::round` is a libm call on baseline x86_64 (no SSE4.1), and
+/// writing the integer fields of a downsampled cloud made it a tenth of the downsample stage.
+#[inline]
+fn round_half_away(v: f64) -> f64 {
+    // From 2^52 up every f64 is an integer; NaN and the infinities pass through too.
+    if v.is_nan() || v.abs() >= 4_503_599_627_370_496.0 {
+        return v;
+    }
+    let t = v as i64 as f64; // the truncation, exact below 2^52
+    let frac = v - t; // exact: the fractional bits of v
+    if frac >= 0.5 {
+        t + 1.0
+    } else if frac <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
+}
+
+#[inline]
 pub(super) fn write_value(at: &mut [u8], dt: Datatype, v: f64, be: bool) {
-    let r = v.round();
+    let r = || round_half_away(v);
     match dt {
-        Datatype::Int8 => put!(at, (r as i8), be),
-        Datatype::Uint8 => put!(at, (r as u8), be),
-        Datatype::Int16 => put!(at, (r as i16), be),
-        Datatype::Uint16 => put!(at, (r as u16), be),
-        Datatype::Int32 => put!(at, (r as i32), be),
-        Datatype::Uint32 => put!(at, (r as u32), be),
+        Datatype::Int8 => put!(at, (r() as i8), be),
+        Datatype::Uint8 => put!(at, (r() as u8), be),
+        Datatype::Int16 => put!(at, (r() as i16), be),
+        Datatype::Uint16 => put!(at, (r() as u16), be),
+        Datatype::Int32 => put!(at, (r() as i32), be),
+        Datatype::Uint32 => put!(at, (r() as u32), be),
         Datatype::Float32 => put!(at, (v as f32), be),
         Datatype::Float64 => put!(at, v, be),
     }

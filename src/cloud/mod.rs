@@ -549,6 +549,7 @@ const SELECT_CHUNK: usize = 256;
 
 /// Writes `v` as type `dt` at byte `offset` of the record `at` (integers rounded to nearest and
 /// saturated).
+#[inline]
 pub fn write_field(at: &mut [u8], dt: Datatype, offset: usize, v: f64, big_endian: bool) {
     write_value(&mut at[offset..], dt, v, big_endian);
 }

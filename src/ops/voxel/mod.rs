@@ -560,7 +560,14 @@ pub fn voxelize_dynamic(cloud: &Cloud, grid: &VoxelGrid) -> DynamicVoxels {
             sum
         })
         .collect();
-    out.means = (0..nv * c).map(|j| (sums[j % c][j / c] / out.num_points[j / c] as f64) as f32).collect();
+    // A voxel's row at a time (a cloud has x, y, z, so C >= 3): indexing each value by `j / C`
+    // and `j % C` cost two integer divisions per value, more than the mean itself.
+    out.means = vec![0.0f32; nv * c];
+    out.means.par_chunks_mut(c).zip(&out.num_points).enumerate().for_each(|(v, (mean, &count))| {
+        for (m, sum) in mean.iter_mut().zip(&sums) {
+            *m = (sum[v] / count as f64) as f32;
+        }
+    });
     tracing::trace!(voxels = nv, out_of_range = out.dropped_out_of_range, "voxelize_dynamic");
     out
 }
