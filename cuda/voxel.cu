@@ -167,15 +167,30 @@ __device__ __forceinline__ unsigned long long st_make(unsigned int gen, unsigned
     return ((unsigned long long)gen << 32) | ((unsigned long long)flag << 30) | (unsigned long long)v;
 }
 
-__device__ __forceinline__ void st_store(unsigned long long* p, unsigned long long v) {
-    *(volatile unsigned long long*)p = v;
+// Status word store. Publish = a release at gpu scope: it also publishes what the block wrote
+// before its last __syncthreads (the release is cumulative over what happens before it), which is
+// how vox_rank_keys hands its segment starts and ranks to later tiles without a __threadfence
+// (fence.sc, the costliest fence) in every thread. The radix passes' words carry their whole
+// message and store relaxed.
+template <bool Publish>
+__device__ __forceinline__ void st_store(u64* p, u64 v) {
+    if (Publish)
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else
+        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // Spins until the status word carries generation `gen` and a flag >= min_flag; returns its low
-// 32 bits (flag << 30 | value).
-__device__ __forceinline__ unsigned int st_wait(const unsigned long long* p, unsigned int gen, unsigned int min_flag) {
+// 32 bits (flag << 30 | value). Acquire: pairs with st_store<true> (the writer's block's writes are
+// visible to this thread, and to its block after a __syncthreads).
+template <bool Acquire>
+__device__ __forceinline__ unsigned int st_wait(const u64* p, unsigned int gen, unsigned int min_flag) {
     while (true) {
-        const unsigned long long s = *(const volatile unsigned long long*)p;
+        u64 s;
+        if (Acquire)
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(s) : "l"(p) : "memory");
+        else
+            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(s) : "l"(p) : "memory");
         if ((unsigned int)(s >> 32) == gen && ((unsigned int)s >> 30) >= min_flag) return (unsigned int)s;
         __nanosleep(20);
     }
@@ -354,7 +369,6 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
                 seg_excl += voxel_len[k];
             }
         }
-        __threadfence();
     }
     unsigned int tile_total;
     const unsigned int thread_excl = lk_block_excl_scan<VOX_WARPS>(count, s_warp, &tile_total); // ends with a barrier
@@ -364,13 +378,13 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     if (warp == 0) {
         unsigned int excl = 0u;
         if (tile > 0) {
-            if (lane == 0) st_store(&status[tile], st_make(p.gen, ST_AGG, tile_total));
+            if (lane == 0) st_store<true>(&status[tile], st_make(p.gen, ST_AGG, tile_total));
             int top = (int)tile - 1;
             while (true) {
                 const int j = top - (int)lane;
                 unsigned int flag = ST_PREFIX, val = 0u;
                 if (j >= 0) {
-                    const unsigned int w = st_wait(&status[j], p.gen, ST_AGG);
+                    const unsigned int w = st_wait<true>(&status[j], p.gen, ST_AGG);
                     flag = w >> 30;
                     val = w & ST_VALUE;
                 }
@@ -380,10 +394,10 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
                 if (pm) break;
                 top -= 32;
             }
-            if (select) __threadfence(); // acquire: the earlier tiles' segment starts (above)
+            __syncwarp(); // the lanes' acquires happen before lane 0's release of the prefix
         }
         if (lane == 0) {
-            st_store(&status[tile], st_make(p.gen, ST_PREFIX, excl + tile_total));
+            st_store<true>(&status[tile], st_make(p.gen, ST_PREFIX, excl + tile_total));
             s_prefix = excl;
             if (tile == num_tiles - 1) ctr[CTR_VOXELS] = excl + tile_total;
         }
@@ -429,13 +443,12 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
             }
         }
     } else {
-        __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) st_store(&status[tile], st_make(p.gen, ST_DONE, s_prefix + tile_total));
+        if (threadIdx.x == 0) st_store<true>(&status[tile], st_make(p.gen, ST_DONE, s_prefix + tile_total));
         // Wait until every earlier tile holding a first point of this tile's voxels is DONE.
         const unsigned int mt = s_min_tile;
-        for (unsigned int jt = mt + threadIdx.x; jt < tile; jt += VOXEL_BLOCK) st_wait(&status[jt], p.gen, ST_DONE);
-        __threadfence();
+        for (unsigned int jt = mt + threadIdx.x; jt < tile; jt += VOXEL_BLOCK)
+            st_wait<true>(&status[jt], p.gen, ST_DONE);
         __syncthreads();
         r = first_rank;
 #pragma unroll
@@ -536,19 +549,20 @@ vox_sort_pass(const unsigned int* __restrict__ keys_in, const unsigned int* __re
             s_cnt[w][d] = acc;
             acc += c;
         }
-        st_store(&status[(unsigned long long)tile * RADIX_BINS + d], st_make(p.gen, tile == 0 ? ST_PREFIX : ST_AGG, acc));
+        st_store<false>(&status[(unsigned long long)tile * RADIX_BINS + d],
+                        st_make(p.gen, tile == 0 ? ST_PREFIX : ST_AGG, acc));
     }
     if (tile > 0) {
         for (unsigned int d = threadIdx.x; d < bins; d += VOXEL_BLOCK) {
             unsigned int excl = 0u;
             for (int j = (int)tile - 1;; --j) {
-                const unsigned int w = st_wait(&status[(unsigned long long)j * RADIX_BINS + d], p.gen, ST_AGG);
+                const unsigned int w = st_wait<false>(&status[(unsigned long long)j * RADIX_BINS + d], p.gen, ST_AGG);
                 excl += w & ST_VALUE;
                 if ((w >> 30) >= ST_PREFIX) break;
             }
             unsigned long long* mine = &status[(unsigned long long)tile * RADIX_BINS + d];
             const unsigned int own = (unsigned int)*(volatile unsigned long long*)mine & ST_VALUE;
-            st_store(mine, st_make(p.gen, ST_PREFIX, excl + own));
+            st_store<false>(mine, st_make(p.gen, ST_PREFIX, excl + own));
             s_base[d] += excl;
         }
     }
