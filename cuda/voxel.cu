@@ -19,7 +19,9 @@
 //                        and in select mode one atomicAdd of the lanes' count on count[slot]: each
 //                        point's position in its voxel's segment (an order the atomics choose; the
 //                        select kernel sorts it away). pslot[i] = slot or -1.
-//                        Block 0 zeroes the counters and the global radix histograms.
+//                        Block 0 zeroes the counters (all but the rank kernel's tile ticket, which
+//                        vox_rank_keys draws before it waits and resets itself) and the global
+//                        radix histograms.
 //   2. vox_rank_keys     single-pass decoupled look-back scan (generation-tagged tile status, warp-wide
 //                        look-back) over the flags "point i is the first point of its voxel", in input
 //                        order: the exclusive prefix is the voxel's rank = its output index
@@ -228,8 +230,9 @@ vox_insert(const float* __restrict__ cloud, unsigned long long* table_keys, unsi
            unsigned int* table_count, int* __restrict__ pslot, unsigned int* __restrict__ point_pos,
            unsigned int* __restrict__ ctr, int* __restrict__ point_coords, const VoxParams p) {
     lk_let_next_start(); // vox_rank_keys waits for this kernel's end itself
-    if (blockIdx.x == 0)
-        for (unsigned int w = threadIdx.x; w < CTR_TOTAL; w += VOXEL_BLOCK) ctr[w] = 0u;
+    if (blockIdx.x == 0) // all but the rank kernel's tile ticket, which that kernel resets itself
+        for (unsigned int w = threadIdx.x; w < CTR_TOTAL; w += VOXEL_BLOCK)
+            if (w != CTR_RANK_TILE) ctr[w] = 0u;
     const unsigned int i = blockIdx.x * VOXEL_BLOCK + threadIdx.x;
     const unsigned int lane = threadIdx.x & 31u;
     bool in = false;
@@ -296,12 +299,20 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     __shared__ unsigned int s_drop[2]; // out of range, voxel capacity
     __shared__ unsigned int s_hist[RADIX_MAX_PASSES * RADIX_BINS];
     lk_let_next_start(); // vox_hard_select waits for this kernel's end itself
+    const unsigned int num_tiles = (p.n + VOX_TILE - 1) / VOX_TILE;
+    // The tile ticket is drawn before the wait, while vox_insert still runs, so it is not on the
+    // chain. vox_insert leaves the ticket alone, and the block that draws the last one resets it
+    // for the next call: every other ticket is drawn by then (the buffer starts zeroed).
+    if (threadIdx.x == 0) {
+        const unsigned int t = atomicAdd(&ctr[CTR_RANK_TILE], 1u);
+        if (t == num_tiles - 1) ctr[CTR_RANK_TILE] = 0u;
+        s_tile = t;
+    }
     lk_wait_prior_grid(); // launched early (src/gpu/launch.rs): vox_insert must have ended
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
     const bool select = seg_points != nullptr;
     if (threadIdx.x == 0) {
-        s_tile = atomicAdd(&ctr[CTR_RANK_TILE], 1u);
         s_drop[0] = 0u;
         s_drop[1] = 0u;
     }
@@ -310,7 +321,6 @@ vox_rank_keys(const int* __restrict__ pslot, unsigned long long* table_keys, con
     __syncthreads();
     const unsigned int tile = s_tile;
     if (threadIdx.x == 0) s_min_tile = tile;
-    const unsigned int num_tiles = (p.n + VOX_TILE - 1) / VOX_TILE;
     const unsigned int base = tile * VOX_TILE + threadIdx.x * VOXEL_ITEMS;
     const bool direct = (p.flags & FLAG_DIRECT) != 0u;
 

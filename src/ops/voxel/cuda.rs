@@ -323,6 +323,8 @@ impl GpuVoxelizer {
         let f = |n: &str| ctx.function("voxel", n);
         let mut counters: DevBuf<u32> = DevBuf::new(s, pools);
         counters.ensure(CTR_TOTAL)?;
+        // vox_rank_keys' tile ticket is never zeroed by a kernel: it must start at zero.
+        counters.zero_all()?;
         Ok(Self {
             stream: stream.clone(),
             f_insert: f("vox_insert")?,
