@@ -97,7 +97,8 @@
 #define ST_DONE 3u    // prefix, and (vox_rank_keys) the tile's first points have written their vid
 #define ST_VALUE 0x3fffffffu
 
-// Counter words (u32), see src/ops/voxel/cuda.rs `CTR_*`. Zeroed by vox_insert (block 0).
+// Counter words (u32), see src/ops/voxel/cuda.rs `CTR_*`. Zeroed by vox_insert (block 0), all but
+// CTR_RANK_TILE, which vox_rank_keys resets itself (the buffer is zeroed when allocated).
 #define CTR_RANK_TILE 0     // tile counter of vox_rank_keys
 #define CTR_VOXELS 1        // distinct in-range voxels (uncapped)
 #define CTR_OUT_OF_RANGE 2

