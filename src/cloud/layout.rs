@@ -135,8 +135,8 @@ macro_rules! put {
 }
 
 /// `v` rounded half away from zero: `f64::round` up to the sign of a zero result, which no integer
-/// field keeps. Inline because `f64::round` is a libm call on baseline x86_64 (no SSE4.1), and
-/// writing the integer fields of a downsampled cloud made it a tenth of the downsample stage.
+/// field keeps. Inline because `f64::round` is a libm call on baseline x86_64 (no SSE4.1), and it
+/// was much of the CPU downsample's record writing (BENCHMARKS.md, 2026-12-07 later).
 #[inline]
 fn round_half_away(v: f64) -> f64 {
     // From 2^52 up every f64 is an integer; NaN and the infinities pass through too.
